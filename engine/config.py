@@ -1,0 +1,192 @@
+"""Model shapes: one dataclass for every supported Llama-family architecture, and presets.
+
+ModelConfig.from_hf(config.json dict) accepts LlamaForCausalLM (Llama 3.x, SmolLM2), Qwen2ForCausalLM
+(q/k/v bias), Qwen3ForCausalLM (q/k RMSNorm) and MistralForCausalLM, and refuses anything else with a
+ConfigError naming the field. PRESETS hold the exact shapes of real models; weights for them are seeded
+random tensors (kog.engine.weights.random_weights), so benchmarks need no download.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from kog.probe.errors import UsageError
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+DTYPES = ("bfloat16", "float16")
+
+
+class ConfigError(UsageError):
+    """A checkpoint or config kog cannot run; the message names the field or tensor."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str                         # "llama" | "mistral" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None   # HF dict; rope_type "llama3" supported
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False      # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False             # per-head RMSNorm on q and k before RoPE (Qwen3)
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_id: tuple[int, ...] = ()
+    dtype: str = "bfloat16"
+    name: str = "custom"
+
+    # ---- derived shapes ---------------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def qkv_size(self) -> int:
+        return self.q_size + 2 * self.kv_size
+
+    def matrices(self) -> list[tuple[str, int, int]]:
+        """(name, rows N, cols K) of every matrix a decode step streams, in execution order."""
+        H, I = self.hidden_size, self.intermediate_size
+        out: list[tuple[str, int, int]] = []
+        for layer in range(self.num_layers):
+            out += [(f"layers.{layer}.qkv", self.qkv_size, H), (f"layers.{layer}.o", H, self.q_size),
+                    (f"layers.{layer}.gate_up", 2 * I, H), (f"layers.{layer}.down", H, I)]
+        out.append(("lm_head", self.vocab_size, H))
+        return out
+
+    def num_params(self) -> int:
+        H = self.hidden_size
+        n = sum(r * c for _, r, c in self.matrices())
+        n += 0 if self.tie_word_embeddings else self.vocab_size * H     # embedding table
+        n += self.num_layers * 2 * H + H                                # norms
+        if self.attention_bias:
+            n += self.num_layers * self.qkv_size
+        if self.qk_norm:
+            n += self.num_layers * 2 * self.head_dim
+        return n
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes a batch-1 decode step must read: every matrix once, plus one embedding row."""
+        es = 2
+        H = self.hidden_size
+        n = sum(r * c for _, r, c in self.matrices()) + H + self.num_layers * 2 * H + H
+        if self.attention_bias:
+            n += self.num_layers * self.qkv_size
+        if self.qk_norm:
+            n += self.num_layers * 2 * self.head_dim
+        return n * es
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["eos_token_id"] = list(self.eos_token_id)
+        return d
+
+    def validate(self) -> "ModelConfig":
+        def need(cond: bool, field_: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"config field '{field_}': {msg}")
+        need(self.arch in ARCHITECTURES.values(), "architectures", f"unsupported architecture {self.arch!r}")
+        for f_ in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                   "num_kv_heads", "head_dim"):
+            v = getattr(self, f_)
+            need(isinstance(v, int) and v > 0, f_, f"must be a positive integer, got {v!r}")
+        need(self.num_heads % self.num_kv_heads == 0, "num_key_value_heads",
+             f"{self.num_kv_heads} does not divide num_attention_heads {self.num_heads}")
+        need(self.head_dim % 2 == 0, "head_dim", f"RoPE needs an even head_dim, got {self.head_dim}")
+        need(self.dtype in DTYPES, "torch_dtype", f"unsupported dtype {self.dtype!r} (supported: {', '.join(DTYPES)})")
+        if self.rope_scaling is not None:
+            rt = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            need(rt in ("llama3", "default", None), "rope_scaling",
+                 f"rope_type {rt!r} is not supported (supported: llama3)")
+        return self
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], name: str = "custom") -> "ModelConfig":
+        """Build from an HF config.json dict; ConfigError names the first bad or missing field."""
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ConfigError("config field 'architectures' is missing")
+        arch = ARCHITECTURES.get(archs[0])
+        if arch is None:
+            raise ConfigError(f"config field 'architectures': {archs[0]} is not supported "
+                              f"(supported: {', '.join(ARCHITECTURES)})")
+
+        def req(key: str):
+            if key not in cfg or cfg[key] is None:
+                raise ConfigError(f"config field '{key}' is missing")
+            return cfg[key]
+
+        H, nh = int(req("hidden_size")), int(req("num_attention_heads"))
+        eos = cfg.get("eos_token_id")
+        eos_t = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+        head_dim = cfg.get("head_dim") or H // nh
+        return cls(
+            arch=arch, vocab_size=int(req("vocab_size")), hidden_size=H,
+            intermediate_size=int(req("intermediate_size")), num_layers=int(req("num_hidden_layers")),
+            num_heads=nh, num_kv_heads=int(cfg.get("num_key_value_heads") or nh), head_dim=int(head_dim),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            rope_scaling=cfg.get("rope_scaling"),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            qk_norm=arch == "qwen3",
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos_t, dtype=str(dtype), name=name,
+        ).validate()
+
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+PRESETS: dict[str, ModelConfig] = {
+    # meta-llama/Llama-3.2-1B
+    "llama-3.2-1b": ModelConfig("llama", 128256, 2048, 8192, 16, 32, 8, 64, 1e-5, 500000.0, _LLAMA3_ROPE,
+                                True, False, False, 131072, 128000, (128001,), name="llama-3.2-1b"),
+    # meta-llama/Llama-3.2-3B
+    "llama-3.2-3b": ModelConfig("llama", 128256, 3072, 8192, 28, 24, 8, 128, 1e-5, 500000.0, _LLAMA3_ROPE,
+                                True, False, False, 131072, 128000, (128001,), name="llama-3.2-3b"),
+    # Qwen/Qwen2.5-1.5B
+    "qwen2.5-1.5b": ModelConfig("qwen2", 151936, 1536, 8960, 28, 12, 2, 128, 1e-6, 1000000.0, None,
+                                True, True, False, 131072, 151643, (151643,), name="qwen2.5-1.5b"),
+    # Qwen/Qwen3-1.7B
+    "qwen3-1.7b": ModelConfig("qwen3", 151936, 2048, 6144, 28, 16, 8, 128, 1e-6, 1000000.0, None,
+                              True, False, True, 40960, 151643, (151645,), name="qwen3-1.7b"),
+    # HuggingFaceTB/SmolLM2-1.7B
+    "smollm2-1.7b": ModelConfig("llama", 49152, 2048, 8192, 24, 32, 32, 64, 1e-5, 130000.0, None,
+                                True, False, False, 8192, 0, (0,), name="smollm2-1.7b"),
+    # princeton-nlp/Sheared-LLaMA-2.7B: the ~2B-class model (2.7B, untied embeddings, head_dim 128)
+    "sheared-llama-2.7b": ModelConfig("llama", 32000, 2560, 6912, 32, 20, 20, 128, 1e-5, 10000.0, None,
+                                      False, False, False, 4096, 1, (2,), name="sheared-llama-2.7b"),
+    # A tiny model for CPU tests and the interpreter (every code path, small shapes)
+    "tiny": ModelConfig("llama", 512, 64, 128, 2, 4, 2, 16, 1e-5, 10000.0, None,
+                        True, False, False, 256, 1, (2,), name="tiny"),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}: not a preset ({', '.join(PRESETS)}) "
+                          f"and not a checkpoint directory") from None

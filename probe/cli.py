@@ -1,0 +1,91 @@
+"""`kogprobe`: measure the GPU (scan), render a scan's report, list stored runs.
+
+Each subcommand's work lives in its own module; this file only parses arguments and dispatches,
+so `kogprobe --help` stays fast (no torch import) and a missing GPU is one clear line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kog.probe import __version__
+from kog.probe.errors import cli_entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kogprobe",
+        description="Measure what a persistent kernel sees of this GPU: placement, latency per SM and "
+                    "L2 partition, SM-to-SM signal latency, barrier/flag/launch costs, bandwidth vs SMs.",
+        epilog="Exit codes: 0 ok, 1 failure, 2 usage or environment error (e.g. no GPU).")
+    p.add_argument("--version", action="version", version=f"kog {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    s = sub.add_parser("scan", help="run the probes on a GPU and store a scan run",
+                       description="Run every probe (or --probes) on one GPU; write a run directory "
+                                   "(meta.json, one Parquet table per probe, summary.json) and its HTML report.")
+    s.add_argument("--quick", action="store_true", help="fewer repeats and sizes (<= 30 s on an H200)")
+    s.add_argument("--probes", default=None, help="comma-separated subset of probes to run")
+    s.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    s.add_argument("--runs-dir", default=None, help="where runs are stored (default ./runs or $KOG_RUNS_DIR)")
+    s.add_argument("--no-report", action="store_true", help="do not render the HTML report")
+    s.add_argument("--json", action="store_true", help="print summary.json to stdout instead of a table")
+
+    r = sub.add_parser("report", help="render the HTML report of a scan run (or the bundled H200 scan)",
+                       description="Render a self-contained HTML report of a scan run. With no RUN, or "
+                                   "--bundled, render the scan recorded on the lent H200 that ships with kog.")
+    r.add_argument("run", nargs="?", help="run directory (default: the bundled H200 scan)")
+    r.add_argument("--bundled", action="store_true", help="the scan recorded on an H200, shipped with kog")
+    r.add_argument("--compare", default=None, metavar="RUN2", help="a second scan to show side by side")
+    r.add_argument("-o", "--output", default=None, help="output HTML file (default: RUN/report.html)")
+
+    ls = sub.add_parser("runs", aliases=["list"], help="list stored runs",
+                        description="List the runs in the run store, newest last.")
+    ls.add_argument("--runs-dir", default=None)
+    ls.add_argument("--kind", choices=["scan", "bench", "study", "sweep"], default=None)
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def cmd_runs(args) -> int:
+    from kog.reports.runstore import RunStore
+    runs = RunStore(args.runs_dir).list(args.kind)
+    rows = [{"path": str(r.path), "kind": r.kind, "status": r.status,
+             "device": (r.meta.get("device") or {}).get("name"), "started": r.meta.get("started")}
+            for r in runs]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"kog runs in {RunStore(args.runs_dir).root}")
+    for c in ("started", "kind", "status", "device", "path"):
+        t.add_column(c)
+    for row in rows:
+        t.add_row(*(str(row[c]) for c in ("started", "kind", "status", "device", "path")))
+    Console().print(t) if rows else print("no runs stored yet")
+    return 0
+
+
+@cli_entry("kogprobe")
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help()
+        return 2
+    if args.cmd == "scan":
+        from kog.probe.scan import cli_scan
+        return cli_scan(args)
+    if args.cmd == "report":
+        from kog.reports.cli import cli_probe_report
+        return cli_probe_report(args)
+    if args.cmd in ("runs", "list"):
+        return cmd_runs(args)
+    parser.error(f"unknown command {args.cmd}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""kog.tune: Optuna search over the engine's configuration (`kogtune`)."""

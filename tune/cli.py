@@ -1,0 +1,103 @@
+"""`kogtune`: tune the engine (search), benchmark it (bench), generate text, render and list results.
+
+Argument parsing and dispatch only; the work lives in kog.tune.search, kog.engine.bench,
+kog.engine.generate and kog.reports.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kog.probe import __version__
+from kog.probe.errors import cli_entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kogtune",
+        description="Tune, benchmark and run kog's monokernel decode engine on this GPU.",
+        epilog="Exit codes: 0 ok, 1 failure, 2 usage or environment error (e.g. no GPU, unknown model).")
+    p.add_argument("--version", action="version", version=f"kog {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    s = sub.add_parser("search", help="Optuna search over the engine's configuration",
+                       description="Tune tiling, task-to-SM mapping and wait granularity with Optuna; every "
+                                   "trial runs in its own process with a timeout, so a crash or hang only fails "
+                                   "that trial. Resumes when run again with the same study.")
+    s.add_argument("--model", default="llama-3.2-1b", help="preset name or HF checkpoint directory")
+    s.add_argument("--trials", type=int, default=60)
+    s.add_argument("--study", default=None, help="study name (default: derived from device and model)")
+    s.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite file in the run dir)")
+    s.add_argument("--sampler", choices=["tpe", "gp", "cmaes", "random"], default="tpe")
+    s.add_argument("--backend", choices=["gpu", "sim"], default="gpu",
+                   help="gpu: measure on the GPU; sim: predict with the cost model from a probe scan")
+    s.add_argument("--workers", type=int, default=1, help="worker processes (one per GPU on a multi-GPU host)")
+    s.add_argument("--timeout", type=float, default=120.0, help="seconds before a trial is killed")
+    s.add_argument("--runs-dir", default=None)
+    s.add_argument("--json", action="store_true")
+
+    b = sub.add_parser("bench", help="benchmark the monokernel against torch.compile, CUDA graph and HF",
+                       description="On the same weights in one process: the monokernel in each sync mode, the "
+                                   "reference under torch.compile and under a CUDA graph, HF transformers "
+                                   "generate; median of repeats; a device copy measured in the same run.")
+    b.add_argument("--model", default="llama-3.2-1b", help="preset name or HF checkpoint directory")
+    b.add_argument("--tokens", type=int, default=512, help="new tokens per run")
+    b.add_argument("--prompt-tokens", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--systems", default=None, help="comma-separated subset of systems")
+    b.add_argument("--json", default=None, metavar="OUT", help="also write the bench JSON to OUT")
+    b.add_argument("--runs-dir", default=None)
+
+    g = sub.add_parser("generate", help="generate text with the monokernel",
+                       description="Prefill a prompt, then decode with the monokernel (tokens stream as they "
+                                   "come). --model takes a preset (random weights) or an HF checkpoint directory.")
+    g.add_argument("--model", required=True, help="preset name or HF checkpoint directory")
+    g.add_argument("--prompt", default="The quick brown fox")
+    g.add_argument("--tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--mode", choices=["targeted", "grid", "reference"], default="targeted")
+    g.add_argument("--json", action="store_true")
+
+    r = sub.add_parser("report", help="render the HTML report of a bench or study run")
+    r.add_argument("run", nargs="?", help="run directory")
+    r.add_argument("--study", default=None, help="study name (with --storage)")
+    r.add_argument("--storage", default=None)
+    r.add_argument("--compare", default=None, metavar="RUN2")
+    r.add_argument("-o", "--output", default=None)
+
+    sh = sub.add_parser("show", help="list tuned configurations stored for this machine")
+    sh.add_argument("--json", action="store_true")
+    return p
+
+
+@cli_entry("kogtune")
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help()
+        return 2
+    if args.cmd == "search":
+        from kog.tune.search import cli_search
+        return cli_search(args)
+    if args.cmd == "bench":
+        from kog.engine.bench import cli_bench
+        return cli_bench(args)
+    if args.cmd == "generate":
+        from kog.engine.generate import cli_generate
+        return cli_generate(args)
+    if args.cmd == "report":
+        from kog.reports.cli import cli_tune_report
+        return cli_tune_report(args)
+    if args.cmd == "show":
+        from kog.tune.store import cli_show
+        return cli_show(args)
+    parser.error(f"unknown command {args.cmd}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
