@@ -1,0 +1,92 @@
+"""EngineConfig: every knob of the monokernel, validated before any launch.
+
+Compile-time knobs (constexpr: a change recompiles): num_warps, block_k, rows per task per phase
+(bn_*), attention block. Plain data (kernel inputs: no recompile): sync mode is constexpr too (two kernels),
+but the task-to-CTA mapping, wait granularity (rows per counter) and ctas_per_sm only change the plan.
+`compile_key()` tells the tuner which configs share one compiled kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from kog.engine.config import ConfigError, ModelConfig
+
+SYNC_MODES = ("targeted", "grid")
+MAPPINGS = ("round-robin", "contiguous", "topology")
+PHASES = ("qkv", "o", "gate_up", "down", "lm")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: str = "targeted"            # "targeted": per-dependency counters; "grid": a barrier between phases
+    ctas_per_sm: int = 4              # persistent CTAs per SM (grid = SMs * ctas_per_sm, all co-resident)
+    num_warps: int = 4
+    block_k: int = 2048               # K chunk a task loads per step (and the finest wait along K)
+    bn_qkv: int = 4                   # rows per task, per phase
+    bn_o: int = 4
+    bn_gate_up: int = 4
+    bn_down: int = 4
+    bn_lm: int = 8
+    sync_rows: int = 0                # producer rows that share one readiness counter (0 = one per block_k)
+    prefetch: int = 1                 # weight chunks issued before the wait (0 = wait first, then load)
+    mapping: str = "round-robin"      # task -> CTA strategy
+    attn_block: int = 64              # KV positions per attention step
+    max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
+
+    def replace(self, **kw: Any) -> "EngineConfig":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EngineConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = set(d) - names
+        if bad:
+            raise ConfigError(f"unknown engine config field(s): {', '.join(sorted(bad))}")
+        return cls(**d)
+
+    def bn(self, phase: str) -> int:
+        return getattr(self, "bn_" + phase)
+
+    def compile_key(self) -> tuple:
+        """Fields that are constexpr in the kernel: configs with equal keys share one compiled kernel."""
+        return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
+                self.bn_down, self.bn_lm, self.prefetch, self.attn_block)
+
+    def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
+        """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"engine config: {msg}")
+
+        def pow2(x: int) -> bool:
+            return x > 0 and (x & (x - 1)) == 0
+
+        need(self.mode in SYNC_MODES, f"mode {self.mode!r} not in {SYNC_MODES}")
+        need(self.mapping in MAPPINGS, f"mapping {self.mapping!r} not in {MAPPINGS}")
+        need(self.num_warps in (1, 2, 4, 8, 16), f"num_warps {self.num_warps} not in 1,2,4,8,16")
+        need(1 <= self.ctas_per_sm <= 8, f"ctas_per_sm {self.ctas_per_sm} not in 1..8")
+        if max_ctas_per_sm is not None:
+            need(self.ctas_per_sm <= max_ctas_per_sm,
+                 f"ctas_per_sm {self.ctas_per_sm} exceeds the {max_ctas_per_sm} CTAs that fit on one SM")
+        need(pow2(self.block_k), f"block_k {self.block_k} is not a power of two")
+        need(self.prefetch in (0, 1), f"prefetch {self.prefetch} not in 0,1")
+        need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
+        need(self.max_spin > 0, "max_spin must be positive")
+        H = model.hidden_size
+        # K need not be a multiple of block_k: the last chunk of a row is masked.
+        rows = {"qkv": model.qkv_size, "o": H, "gate_up": I, "down": H, "lm": model.vocab_size}
+        for ph, n in rows.items():
+            bn = self.bn(ph)
+            need(pow2(bn), f"bn_{ph} {bn} is not a power of two")
+            need(n % bn == 0, f"bn_{ph} {bn} does not divide the {n} rows of {ph}")
+        if self.sync_rows:
+            need(pow2(self.sync_rows), f"sync_rows {self.sync_rows} is not a power of two")
+            for ph in ("qkv", "o", "gate_up", "down"):
+                need(self.sync_rows % self.bn(ph) == 0,
+                     f"sync_rows {self.sync_rows} is not a multiple of bn_{ph} {self.bn(ph)}")
+        return self
