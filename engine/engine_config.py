@@ -77,7 +77,7 @@ class EngineConfig:
         need(self.prefetch in (0, 1), f"prefetch {self.prefetch} not in 0,1")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
-        H = model.hidden_size
+        H, I = model.hidden_size, model.intermediate_size
         # K need not be a multiple of block_k: the last chunk of a row is masked.
         rows = {"qkv": model.qkv_size, "o": H, "gate_up": I, "down": H, "lm": model.vocab_size}
         for ph, n in rows.items():
