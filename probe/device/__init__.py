@@ -5,8 +5,11 @@
     info.to_dict()                # what meta.json stores
 
 nvidia.py reads torch.cuda + pynvml; amd.py reads torch's HIP build + amdsmi (imported only when
-present); fake.py holds recorded inventories (the lent H200, an MI300X) for CPU tests.
-"""
-from kog.probe.device.base import DeviceInfo, detect, require_gpu, vendor_of
+present; unverified on hardware); fake.py holds recorded inventories (the lent H200, an MI300X) for
+CPU tests, which KOG_FAKE_DEVICE=h200|mi300x|none (test-only) puts behind detect()/require_gpu().
 
-__all__ = ["DeviceInfo", "detect", "require_gpu", "vendor_of"]
+`python -m kog.probe.device` prints the inventory JSON of every visible GPU.
+"""
+from kog.probe.device.base import FAKE_ENV, DeviceInfo, detect, require_gpu, vendor_of
+
+__all__ = ["FAKE_ENV", "DeviceInfo", "detect", "require_gpu", "vendor_of"]

@@ -1,7 +1,15 @@
-"""The one inventory type every vendor module fills, and GPU detection."""
+"""The one inventory type every vendor module fills, and GPU detection.
+
+Test-only switch: KOG_FAKE_DEVICE=h200|mi300x makes detect() and require_gpu() return the recorded
+inventory of that device (kog.probe.device.fake) instead of asking torch; KOG_FAKE_DEVICE=none makes
+them see no GPU even on a GPU machine. It exists so CPU tests can drive code that needs a DeviceInfo;
+nothing outside tests should set it (a fake inventory carries extra["fake"] so runs made under it
+are recognisable).
+"""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +27,7 @@ class DeviceInfo:
     ("round-robin-xcd" on MI300X, "gpc-fill" on NVIDIA: see kog.probe.probes.placement for the measured map).
     """
 
-    vendor: str                      # "nvidia" | "amd" | "fake-<vendor>"
+    vendor: str                      # "nvidia" | "amd" (fakes keep their vendor; see is_fake)
     index: int
     name: str
     arch: str                        # "sm_90", "gfx942", ...
@@ -48,6 +56,11 @@ class DeviceInfo:
         """File-name-safe device name: 'NVIDIA H200' -> 'nvidia-h200'."""
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-") or "gpu"
 
+    @property
+    def is_fake(self) -> bool:
+        """True for the recorded inventories of kog.probe.device.fake (CPU tests)."""
+        return bool(self.extra.get("fake"))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -62,8 +75,22 @@ class DeviceInfo:
         return info
 
 
+FAKE_ENV = "KOG_FAKE_DEVICE"
+
+
+def _fake_setting() -> str | None:
+    v = os.environ.get(FAKE_ENV, "").strip().lower()
+    return v or None
+
+
 def vendor_of() -> str | None:
     """'nvidia', 'amd' or None: which GPU runtime this torch build can reach right now."""
+    fake = _fake_setting()
+    if fake is not None:
+        if fake == "none":
+            return None
+        from kog.probe.device import fake as _fake
+        return _fake.fake_device(fake).vendor
     try:
         import torch
     except Exception:
@@ -78,6 +105,12 @@ def vendor_of() -> str | None:
 
 def detect() -> list[DeviceInfo]:
     """Inventory of every visible GPU (empty list when there is none)."""
+    fake = _fake_setting()
+    if fake is not None:
+        if fake == "none":
+            return []
+        from kog.probe.device import fake as _fake
+        return [_fake.fake_device(fake)]
     v = vendor_of()
     if v is None:
         return []
@@ -91,6 +124,14 @@ def detect() -> list[DeviceInfo]:
 
 def require_gpu(index: int = 0) -> DeviceInfo:
     """DeviceInfo of GPU `index`, or NoGPUError naming exactly what is missing."""
+    fake = _fake_setting()
+    if fake is not None:
+        devs = detect()
+        if not devs:
+            raise NoGPUError(f"no GPU: {FAKE_ENV}=none hides every GPU (a test setting)")
+        if not 0 <= index < len(devs):
+            raise NoGPUError(f"no GPU {index}: {len(devs)} visible ({FAKE_ENV}={fake})")
+        return devs[index]
     try:
         import torch
     except Exception as e:  # pragma: no cover - torch is a dependency

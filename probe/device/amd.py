@@ -1,0 +1,171 @@
+"""AMD inventory: torch's HIP build for what the runtime reports, amdsmi for the rest.
+
+UNVERIFIED ON HARDWARE: kog has never run this module on an AMD GPU. It follows the documented
+amdsmi Python API (ROCm 6.x) and torch's HIP device properties, is exercised on the CPU only through
+the MI300X fake (kog.probe.device.fake.mi300x) and the pure helpers below, and every amdsmi call is
+guarded so that a differing API leaves a field None instead of failing. amdsmi is imported only inside
+functions, and only when it is installed (`pip install kog[amd]`).
+
+MI300X facts this module relies on: 8 XCDs of 38 active CUs (304 CUs), 4 MiB L2 per XCD, a 256 MiB
+Infinity Cache in front of HBM, and workgroups dispatched to XCDs round-robin (workgroup i runs on
+XCD i % 8 in SPX mode), which is why `xcd_of_workgroup` exists: mapping code uses it to keep the
+tiles that share data on one XCD's L2.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kog.probe.device.base import DeviceInfo
+
+MiB = 1 << 20
+
+# Active CUs per XCD by architecture (gfx942: MI300X/MI300A/MI325X; gfx950: MI350X/MI355X), and the
+# L2 of one XCD. Used when amdsmi cannot say how many XCDs there are.
+CUS_PER_XCD = {"gfx942": 38, "gfx950": 32}
+L2_PER_XCD = {"gfx942": 4 * MiB, "gfx950": 4 * MiB}
+INFINITY_CACHE = {"gfx942": 256 * MiB, "gfx950": 256 * MiB}
+
+
+def xcd_of_workgroup(wg_id: int, num_xcds: int) -> int:
+    """The XCD that runs workgroup `wg_id` under round-robin dispatch (MI300 series: wg_id % num_xcds).
+
+    Pure arithmetic from AMD's documentation; not verified on hardware by kog.
+    """
+    if num_xcds < 1:
+        raise ValueError(f"num_xcds must be >= 1, not {num_xcds}")
+    if wg_id < 0:
+        raise ValueError(f"wg_id must be >= 0, not {wg_id}")
+    return wg_id % num_xcds
+
+
+def workgroups_of_xcd(xcd: int, num_workgroups: int, num_xcds: int) -> list[int]:
+    """The workgroup ids, in dispatch order, that round-robin dispatch sends to `xcd`."""
+    if not 0 <= xcd < num_xcds:
+        raise ValueError(f"xcd must be in [0, {num_xcds}), not {xcd}")
+    return list(range(xcd, num_workgroups, num_xcds))
+
+
+def xcds_from_cus(arch: str, cus: int) -> int:
+    """Number of XCDs a device of `cus` CUs has, from the CUs per XCD of its architecture (1 if unknown)."""
+    per = CUS_PER_XCD.get(arch.split(":")[0])
+    if not per or cus < per:
+        return 1
+    return max(1, round(cus / per))
+
+
+def _try(fn: Callable[..., Any] | None, *args, default=None):
+    if fn is None:
+        return default
+    try:
+        return fn(*args)
+    except Exception:
+        return default
+
+
+def _amdsmi():
+    """The amdsmi module, initialised; None when it is not installed or cannot start."""
+    try:
+        import amdsmi  # noqa: PLC0415 - optional dependency, only on ROCm machines
+        amdsmi.amdsmi_init()
+        return amdsmi
+    except Exception:
+        return None
+
+
+def _handle(smi, index: int, props):
+    """The amdsmi processor handle of torch's device `index` (by PCI bus id when torch gives one)."""
+    handles = _try(smi.amdsmi_get_processor_handles, default=[]) or []
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is not None:
+        for h in handles:
+            bdf = _try(smi.amdsmi_get_gpu_device_bdf, h)
+            if isinstance(bdf, str) and bdf.split(":")[-2:-1] == [f"{bus:02x}"]:
+                return h
+    return handles[index] if 0 <= index < len(handles) else None
+
+
+def _smi_fields(smi, h) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    asic = _try(smi.amdsmi_get_gpu_asic_info, h) or {}
+    d["market_name"] = asic.get("market_name")
+    d["cus"] = asic.get("num_compute_units")
+    d["xcds"] = _try(getattr(smi, "amdsmi_get_gpu_xcd_counter", None), h)
+    d["compute_partition"] = _try(getattr(smi, "amdsmi_get_gpu_compute_partition", None), h)
+    d["memory_partition"] = _try(getattr(smi, "amdsmi_get_gpu_memory_partition", None), h)
+    clk = getattr(smi, "AmdSmiClkType", None)
+    if clk is not None:
+        gfx = _try(smi.amdsmi_get_clock_info, h, clk.GFX) or {}
+        mem = _try(smi.amdsmi_get_clock_info, h, clk.MEM) or {}
+        d["sm_clock_max_mhz"] = gfx.get("max_clk")
+        d["mem_clock_max_mhz"] = mem.get("max_clk")
+    drv = _try(smi.amdsmi_get_gpu_driver_info, h) or {}
+    d["driver"] = drv.get("driver_version")
+    vram = _try(smi.amdsmi_get_gpu_vram_info, h) or {}
+    if vram.get("vram_size"):
+        d["mem_bytes"] = int(vram["vram_size"]) * MiB  # amdsmi reports MiB
+    d["mem_bus_bits"] = vram.get("vram_bit_width")
+    cap = _try(getattr(smi, "amdsmi_get_power_cap_info", None), h) or {}
+    if cap.get("power_cap"):
+        d["power_limit_w"] = cap["power_cap"] / 1e6  # microwatts
+    d["uuid"] = _try(smi.amdsmi_get_gpu_device_uuid, h)
+    pcie = _try(getattr(smi, "amdsmi_get_pcie_info", None), h) or {}
+    st = pcie.get("pcie_static", {}) if isinstance(pcie, dict) else {}
+    if st:
+        d["pcie"] = {"gen": st.get("pcie_interface_version"), "width": st.get("max_pcie_width")}
+    caches = _try(getattr(smi, "amdsmi_get_gpu_cache_info", None), h) or {}
+    for c in (caches.get("cache", []) if isinstance(caches, dict) else []):
+        if c.get("cache_level") == 2 and c.get("cache_size"):
+            d["l2_bytes"] = int(c["cache_size"]) * 1024  # KiB
+        if c.get("cache_level") == 3 and c.get("cache_size"):
+            d["llc_bytes"] = int(c["cache_size"]) * 1024
+    return d
+
+
+def inventory(index: int = 0) -> DeviceInfo:
+    """DeviceInfo of HIP device `index`. Unverified on hardware (see the module docstring)."""
+    import torch
+
+    p = torch.cuda.get_device_properties(index)
+    arch_full = str(getattr(p, "gcnArchName", "") or "gfx?")
+    arch = arch_full.split(":")[0]
+    cus = int(p.multi_processor_count)
+    info = DeviceInfo(
+        vendor="amd", index=index, name=str(p.name), arch=arch, sms=cus,
+        dispatch="round-robin-xcd" if arch in CUS_PER_XCD else "unknown",
+        l2_bytes=L2_PER_XCD.get(arch) or (int(getattr(p, "L2_cache_size", 0) or 0) or None),
+        llc_bytes=INFINITY_CACHE.get(arch),
+        mem_bytes=int(p.total_memory),
+        runtime=f"hip {torch.version.hip}" if getattr(torch.version, "hip", None) else None,
+        extra={"gcn_arch": arch_full, "verified_on_hardware": False},
+    )
+    xcds = None
+    smi = _amdsmi()
+    if smi is None:
+        info.extra["amdsmi"] = "unavailable"
+    else:
+        try:
+            h = _handle(smi, index, p)
+            if h is not None:
+                f = _smi_fields(smi, h)
+                xcds = f.pop("xcds", None)
+                cp, mp = f.pop("compute_partition", None), f.pop("memory_partition", None)
+                if cp or mp:
+                    info.partition = {"compute": cp, "memory": mp}
+                for k in ("market_name", "cus"):
+                    v = f.pop(k, None)
+                    if v is not None:
+                        info.extra[k] = v
+                for k, v in f.items():
+                    if v is not None:
+                        setattr(info, k, v)
+                info.extra["amdsmi"] = "ok"
+            else:
+                info.extra["amdsmi"] = "no handle for this device"
+        finally:
+            _try(getattr(smi, "amdsmi_shut_down", None))
+    # In CPX mode each XCD is its own device of 38 CUs: torch's CU count then already says 1 XCD.
+    if not isinstance(xcds, int) or xcds < 1:
+        xcds = xcds_from_cus(arch, cus)
+    info.dies = xcds
+    info.sms_per_die = cus // xcds if cus % xcds == 0 else None
+    return info
