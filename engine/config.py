@@ -20,6 +20,10 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 DTYPES = ("bfloat16", "float16")
+# float32 is a compute dtype for the reference oracle and CPU tests only (load_checkpoint(dtype=torch.float32));
+# the engine runs the 16-bit DTYPES, and a float32 checkpoint is cast to bfloat16 by default.
+COMPUTE_DTYPES = DTYPES + ("float32",)
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 class ConfigError(UsageError):
@@ -47,6 +51,7 @@ class ModelConfig:
     eos_token_id: tuple[int, ...] = ()
     dtype: str = "bfloat16"
     name: str = "custom"
+    sliding_window: int | None = None  # Mistral: attend to the last `sliding_window` positions only
 
     # ---- derived shapes ---------------------------------------------------------------------
     @property
@@ -82,9 +87,14 @@ class ModelConfig:
             n += self.num_layers * 2 * self.head_dim
         return n
 
+    @property
+    def torch_dtype(self):
+        import torch
+        return getattr(torch, self.dtype)
+
     def weight_bytes_per_token(self) -> int:
         """Bytes a batch-1 decode step must read: every matrix once, plus one embedding row."""
-        es = 2
+        es = DTYPE_BYTES.get(self.dtype, 2)
         H = self.hidden_size
         n = sum(r * c for _, r, c in self.matrices()) + H + self.num_layers * 2 * H + H
         if self.attention_bias:
@@ -113,16 +123,25 @@ class ModelConfig:
         need(self.num_heads % self.num_kv_heads == 0, "num_key_value_heads",
              f"{self.num_kv_heads} does not divide num_attention_heads {self.num_heads}")
         need(self.head_dim % 2 == 0, "head_dim", f"RoPE needs an even head_dim, got {self.head_dim}")
-        need(self.dtype in DTYPES, "torch_dtype", f"unsupported dtype {self.dtype!r} (supported: {', '.join(DTYPES)})")
+        need(self.dtype in COMPUTE_DTYPES, "torch_dtype",
+             f"unsupported dtype {self.dtype!r} (supported: {', '.join(DTYPES)})")
+        need(self.sliding_window is None or (isinstance(self.sliding_window, int) and self.sliding_window > 0),
+             "sliding_window", f"must be a positive integer or null, got {self.sliding_window!r}")
         if self.rope_scaling is not None:
             rt = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             need(rt in ("llama3", "default", None), "rope_scaling",
                  f"rope_type {rt!r} is not supported (supported: llama3)")
+            if rt == "llama3":
+                for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+                    need(isinstance(self.rope_scaling.get(k), (int, float)), f"rope_scaling.{k}",
+                         "missing or not a number (needed by rope_type llama3)")
         return self
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], name: str = "custom") -> "ModelConfig":
         """Build from an HF config.json dict; ConfigError names the first bad or missing field."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"config.json must hold a JSON object, not {type(cfg).__name__}")
         archs = cfg.get("architectures") or []
         if not archs:
             raise ConfigError("config field 'architectures' is missing")
@@ -136,24 +155,56 @@ class ModelConfig:
                 raise ConfigError(f"config field '{key}' is missing")
             return cfg[key]
 
-        H, nh = int(req("hidden_size")), int(req("num_attention_heads"))
-        eos = cfg.get("eos_token_id")
-        eos_t = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-        head_dim = cfg.get("head_dim") or H // nh
-        return cls(
-            arch=arch, vocab_size=int(req("vocab_size")), hidden_size=H,
-            intermediate_size=int(req("intermediate_size")), num_layers=int(req("num_hidden_layers")),
-            num_heads=nh, num_kv_heads=int(cfg.get("num_key_value_heads") or nh), head_dim=int(head_dim),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-            rope_scaling=cfg.get("rope_scaling"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos_t, dtype=str(dtype), name=name,
-        ).validate()
+        if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ConfigError(f"config field 'hidden_act': {cfg['hidden_act']!r} is not supported (supported: silu)")
+        if cfg.get("mlp_bias"):
+            raise ConfigError("config field 'mlp_bias': MLP biases are not supported")
+        # Only Qwen2 carries q/k/v biases without an o_proj bias; in Llama/Mistral/Qwen3 attention_bias
+        # would also add an o_proj bias, which no supported checkpoint has.
+        attention_bias = bool(cfg.get("attention_bias", arch == "qwen2")) if arch == "qwen2" else bool(
+            cfg.get("attention_bias", False))
+        if attention_bias and arch != "qwen2":
+            raise ConfigError(f"config field 'attention_bias': true is not supported for {archs[0]}")
+        if cfg.get("use_sliding_window") and arch in ("qwen2", "qwen3"):
+            raise ConfigError("config field 'use_sliding_window': per-layer sliding windows are not supported")
+        sliding = cfg.get("sliding_window") if arch == "mistral" else None
+
+        # transformers >= 5 writes rope_parameters {rope_theta, rope_type, ...} instead of rope_theta +
+        # rope_scaling; read both layouts.
+        rp = cfg.get("rope_parameters") or {}
+        if not isinstance(rp, dict):
+            raise ConfigError("config field 'rope_parameters': must be an object")
+        rope_scaling = cfg.get("rope_scaling")
+        if rope_scaling is None and rp.get("rope_type", "default") not in ("default", None):
+            rope_scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+        if rope_scaling is not None and not isinstance(rope_scaling, dict):
+            raise ConfigError("config field 'rope_scaling': must be an object or null")
+        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) in ("default", None):
+            rope_scaling = None
+        rope_theta = cfg.get("rope_theta", rp.get("rope_theta", 10000.0))
+
+        try:
+            H, nh = int(req("hidden_size")), int(req("num_attention_heads"))
+            eos = cfg.get("eos_token_id")
+            eos_t = tuple(int(e) for e in eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
+            dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+            head_dim = cfg.get("head_dim") or H // nh
+            return cls(
+                arch=arch, vocab_size=int(req("vocab_size")), hidden_size=H,
+                intermediate_size=int(req("intermediate_size")), num_layers=int(req("num_hidden_layers")),
+                num_heads=nh, num_kv_heads=int(cfg.get("num_key_value_heads") or nh), head_dim=int(head_dim),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope_theta),
+                rope_scaling=rope_scaling,
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=attention_bias,
+                qk_norm=arch == "qwen3",
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos_t, dtype=str(dtype), name=name,
+                sliding_window=int(sliding) if sliding is not None else None,
+            ).validate()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"config.json has a field of the wrong type: {e}") from None
 
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
