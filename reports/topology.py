@@ -1,0 +1,274 @@
+"""The topology report of a scan run: what the GPU looks like to a persistent kernel.
+
+Every section reads only its own tables; a table that is missing (the probe failed, was skipped, or the
+scan was interrupted) becomes a section saying what is missing and the error the scan recorded, never a
+failure of the whole report.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from kog.probe.errors import UsageError
+from kog.reports import figures as F
+from kog.reports.html import Section, error_for, render_page
+
+# table -> the probe that writes it (for the "missing" messages)
+PROBE_OF = {"placement": "placement", "latency": "latency", "l2map": "l2map", "l2_partition": "l2map",
+            "l2_region_home": "l2map", "signal": "signal", "barrier": "sync", "flag": "sync", "atomics": "sync",
+            "launch": "sync", "bandwidth": "bandwidth"}
+
+
+def _table(run, name: str) -> pd.DataFrame | None:
+    if not run.has_table(name):
+        return None
+    try:
+        return run.table(name)
+    except Exception:
+        return None
+
+
+def _summary(run) -> dict[str, Any]:
+    if not run.has_json("summary"):
+        return {}
+    try:
+        s = run.json("summary")
+        return s if isinstance(s, dict) else {}
+    except Exception:
+        return {}
+
+
+def _missing(sec: Section, run, names: list[str], label: str) -> Section:
+    probes = sorted({PROBE_OF.get(n, n) for n in names})
+    err = error_for(run, *names, *probes)
+    tables = ", ".join(f"'{n}'" for n in names)
+    sec.missing(f"{label}: this run has no {tables} table{'s' if len(names) > 1 else ''} "
+                f"(probe {', '.join(probes)} did not run or did not finish).", err)
+    return sec
+
+
+def _guard(sec: Section, run, fn: Callable[[], None], what: str) -> Section:
+    """Run one section's body; bad data in one table (wrong columns, NaNs) costs that section, not the
+    report."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - a report shows what it can
+        sec.missing(f"{what} could not be drawn from this run's data.", f"{type(e).__name__}: {e}")
+    return sec
+
+
+def _partition_series(run, summary) -> pd.Series | None:
+    t = _table(run, "l2_partition")
+    if t is not None and {"sm", "partition"} <= set(t.columns):
+        return t.set_index("sm")["partition"]
+    parts = summary.get("l2_partitions")
+    if isinstance(parts, list) and parts and all(isinstance(p, list) for p in parts):
+        return pd.Series({int(sm): i for i, p in enumerate(parts) for sm in p})
+    return None
+
+
+def _comparison_frame(comp) -> pd.DataFrame | None:
+    if not comp:
+        return None
+    if isinstance(comp, dict):
+        rows = [{"figure": k, **(v if isinstance(v, dict) else {"ours": v})} for k, v in comp.items()]
+    else:
+        rows = [r for r in comp if isinstance(r, dict)]
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    for c in ("figure", "ours", "published", "ratio", "note"):
+        if c not in df:
+            df[c] = None
+    if df["ratio"].isna().all():
+        ours = pd.to_numeric(df["ours"], errors="coerce")
+        pub = pd.to_numeric(df["published"], errors="coerce")
+        df["ratio"] = ours / pub
+    return df[["figure", "ours", "published", "ratio", "note"]]
+
+
+def scan_sections(run) -> list[Section]:
+    s = _summary(run)
+    dev = run.meta.get("device") or {}
+    part = _partition_series(run, s)
+    sections: list[Section] = []
+
+    # inventory
+    sec = Section("inventory", "Inventory")
+    inv = {k: dev.get(k) for k in ("name", "vendor", "arch", "sms", "dies", "dispatch", "l2_bytes", "mem_bytes",
+                                   "sm_clock_max_mhz", "mem_clock_max_mhz", "driver", "runtime", "ecc",
+                                   "power_limit_w", "pcie") if dev.get(k) is not None}
+    if inv.get("l2_bytes"):
+        inv["l2_bytes"] = f"{inv['l2_bytes'] / 2**20:.0f} MiB"
+    if inv.get("mem_bytes"):
+        inv["mem_bytes"] = f"{inv['mem_bytes'] / 1e9:.0f} GB"
+    if inv:
+        sec.kv(inv)
+    else:
+        sec.missing("device inventory: meta.json has no 'device' entry.", error_for(run, "inventory", "device"))
+    if s:
+        lat = s.get("latency_ns") or {}
+        sec.kv({"L2 partitions": len(s["l2_partitions"]) if isinstance(s.get("l2_partitions"), list) else None,
+                **{f"latency {k} (ns)": v for k, v in lat.items()},
+                "grid barrier, all CTAs (us)": s.get("barrier_us_all_ctas"),
+                "flag one-way (us)": s.get("flag_oneway_us"), "launch (us)": s.get("launch_us"),
+                "CUDA graph launch (us)": s.get("graph_launch_us"),
+                "SMs to saturate HBM": s.get("sms_to_saturate_hbm"), "scan time (s)": s.get("scan_seconds")})
+    else:
+        sec.missing("summary.json: the scan did not write its summary.", error_for(run, "summary"))
+    errs = run.meta.get("errors") or {}
+    if errs:
+        sec.note(f"{len(errs)} probe(s) recorded an error: " + "; ".join(f"{k}: {v}" for k, v in errs.items()),
+                 "warn")
+    sections.append(sec)
+
+    # placement
+    sec = Section("placement", "Placement map")
+    pl = _table(run, "placement")
+    if pl is None:
+        _missing(sec, run, ["placement"], "placement map")
+    else:
+        def body():
+            sec.p("Which SM each program id (CTA) lands on. A persistent kernel's mapping of work to SMs "
+                  "relies on this order being stable across launches.")
+            sec.figure(F.placement_map(pl, part.to_dict() if part is not None else None),
+                       "program id to SM id placement map", fmt="png")
+            per = pl.groupby("launch").agg(ctas=("pid", "count"), distinct_sms=("smid", "nunique"))
+            per["ctas_per_sm"] = per["ctas"] / per["distinct_sms"]
+            sec.table(per.reset_index(), caption="per launch")
+        _guard(sec, run, body, "The placement map")
+    sections.append(sec)
+
+    # latency ladder
+    sec = Section("latency", "Latency ladder")
+    lt = _table(run, "latency")
+    if lt is None:
+        _missing(sec, run, ["latency"], "latency ladder")
+    else:
+        def body():
+            pl_ns = {k: v for k, v in (s.get("latency_ns") or {}).items() if isinstance(v, (int, float))}
+            sec.figure(F.latency_ladder(lt, pl_ns, dev.get("l2_bytes")), "latency vs working set size")
+            if "level" in lt:
+                agg = lt.groupby("level", sort=False).agg(
+                    from_bytes=("bytes", "min"), to_bytes=("bytes", "max"), ns=("ns", "median"),
+                    **({"cycles": ("cycles", "median")} if "cycles" in lt else {}))
+                sec.table(agg.reset_index(), caption="plateaus (median per level)")
+        _guard(sec, run, body, "The latency ladder")
+    sections.append(sec)
+
+    # per-SM L2 map
+    sec = Section("l2map", "Per-SM L2 latency and partitions")
+    l2 = _table(run, "l2map")
+    homes = _table(run, "l2_region_home")
+    home = homes.set_index("region")["partition"] if homes is not None and "region" in homes else None
+    if l2 is None:
+        _missing(sec, run, ["l2map"], "per-SM L2 latency map")
+    else:
+        def body():
+            sec.p("Each SM times L2 hits to every address region of an L2-resident buffer: the near/far blocks "
+                  "show which SMs share an L2 partition and which partition each region lives in.")
+            sec.figure(F.l2_heatmap(l2, part, home), "per-SM L2 latency heatmap", fmt="png")
+        _guard(sec, run, body, "The L2 heatmap")
+    if part is None:
+        _missing(sec, run, ["l2_partition"], "partition map")
+    else:
+        def body():
+            sec.figure(F.partition_map(part, home, dev.get("sms")), "SM to L2 partition map", fmt="png")
+            counts = part.value_counts().sort_index()
+            sec.table(pd.DataFrame({"partition": counts.index, "sms": counts.values}), caption="SMs per partition")
+        _guard(sec, run, body, "The partition map")
+    if homes is None and l2 is not None:
+        sec.note("No 'l2_region_home' table: regions are shown in address order.", "warn")
+    sections.append(sec)
+
+    # signal
+    sec = Section("signal", "SM x SM signal latency")
+    sg = _table(run, "signal")
+    if sg is None:
+        _missing(sec, run, ["signal"], "SM x SM signal latency")
+    else:
+        def body():
+            sec.p("One-way flag latency from every SM to every other, rows and columns in cluster order "
+                  "(L2 partition first, then similarity of the SMs' latency profiles): blocks are GPCs / "
+                  "partitions.")
+            sec.figure(F.signal_heatmap(sg, part), "SM by SM signal latency heatmap", fmt="png")
+            q = sg["ns"].quantile([0.0, 0.5, 0.99, 1.0])
+            sec.kv({"pairs": len(sg), "min (ns)": q.iloc[0], "median (ns)": q.iloc[1], "p99 (ns)": q.iloc[2],
+                    "max (ns)": q.iloc[3]})
+        _guard(sec, run, body, "The signal heatmap")
+    sections.append(sec)
+
+    # sync costs
+    sec = Section("sync", "Synchronisation costs")
+    names = ["barrier", "flag", "atomics", "launch"]
+    tabs = {n: _table(run, n) for n in names}
+    absent = [n for n in names if tabs[n] is None]
+    if len(absent) == len(names):
+        _missing(sec, run, names, "sync costs")
+    else:
+        def body():
+            anchors = {"barrier": s["barrier_us_all_ctas"]} if s.get("barrier_us_all_ctas") else {}
+            sec.figure(F.sync_costs(tabs["barrier"], tabs["flag"], tabs["atomics"], tabs["launch"], anchors),
+                       "barrier, flag, atomic and launch costs")
+            if tabs["launch"] is not None:
+                sec.table(tabs["launch"], caption="launch overhead")
+        _guard(sec, run, body, "The sync-cost curves")
+        if absent:
+            _missing(sec, run, absent, "part of the sync costs")
+    sections.append(sec)
+
+    # bandwidth
+    sec = Section("bandwidth", "Bandwidth vs SMs")
+    bw = _table(run, "bandwidth")
+    if bw is None:
+        _missing(sec, run, ["bandwidth"], "bandwidth vs SMs")
+    else:
+        def body():
+            sec.figure(F.bandwidth_curve(bw, s.get("sms_to_saturate_hbm")), "bandwidth against number of SMs")
+            peak = bw.groupby("kind")["GBps"].max()
+            sec.kv({f"peak {k} (GB/s)": v for k, v in peak.items()} |
+                   {"SMs to saturate HBM": s.get("sms_to_saturate_hbm")})
+        _guard(sec, run, body, "The bandwidth curve")
+    sections.append(sec)
+
+    # comparison
+    sec = Section("comparison", "Compared with published figures")
+    cmp = _comparison_frame(s.get("comparison"))
+    if cmp is None:
+        sec.missing("summary.json has no 'comparison' with published figures.", error_for(run, "comparison"))
+    else:
+        def body():
+            sec.p("Published Hopper microbenchmarks (H100/H800) and the anchors measured on the lent H200. A gap "
+                  "over 30% is marked and needs the explanation in its note.")
+            ratio = pd.to_numeric(cmp["ratio"], errors="coerce")
+            shown = cmp.copy()
+            shown["gap > 30%"] = ["yes" if abs(r - 1) > 0.3 else "" for r in ratio.fillna(1.0)]
+            sec.table(shown)
+            far = shown[shown["gap > 30%"] == "yes"]
+            if len(far):
+                sec.note(f"{len(far)} figure(s) differ by more than 30% from the published value: "
+                         + ", ".join(map(str, far["figure"])), "warn")
+        _guard(sec, run, body, "The comparison table")
+    sections.append(sec)
+    return sections
+
+
+def default_output(run, name: str = "report.html") -> Path:
+    return Path(run.path) / name
+
+
+def render_scan_report(run, out: str | Path | None = None) -> Path:
+    """Render the topology report of a scan run to `out` (default RUN/report.html); returns the path."""
+    if getattr(run, "kind", None) != "scan":
+        raise UsageError(f"render_scan_report needs a scan run, got a {getattr(run, 'kind', '?')} run: {run.path}")
+    s = _summary(run)
+    dev = run.meta.get("device") or {}
+    name = s.get("device") or dev.get("name") or "unknown GPU"
+    facts = {"device": name, "SMs": s.get("sms") or dev.get("sms"), "status": run.status,
+             "started": run.meta.get("started"), "git": run.meta.get("git_commit"), "run": Path(run.path).name}
+    out = Path(out) if out else default_output(run)
+    return render_page(out, f"kog topology report: {name}",
+                       "What this GPU looks like to a persistent kernel: placement, latency per SM and L2 "
+                       "partition, signal latency, sync costs, bandwidth.", facts, scan_sections(run), "scan")
