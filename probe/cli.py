@@ -10,7 +10,7 @@ import json
 import sys
 
 from kog.probe import __version__
-from kog.probe.errors import cli_entry
+from kog.probe.errors import cli_entry, import_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,12 +40,37 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--compare", default=None, metavar="RUN2", help="a second scan to show side by side")
     r.add_argument("-o", "--output", default=None, help="output HTML file (default: RUN/report.html)")
 
+    d = sub.add_parser("device", help="show the inventory of every visible GPU",
+                       description="What kog's device layer reads of each GPU: SMs/CUs, dies, caches, memory, "
+                                   "clocks, driver, links. Exit 2 when there is no GPU.")
+    d.add_argument("--json", action="store_true", help="machine-readable output (a JSON list)")
+
     ls = sub.add_parser("runs", aliases=["list"], help="list stored runs",
                         description="List the runs in the run store, newest last.")
     ls.add_argument("--runs-dir", default=None)
     ls.add_argument("--kind", choices=["scan", "bench", "study", "sweep"], default=None)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     return p
+
+
+def cmd_device(args) -> int:
+    from kog.probe.device import detect, require_gpu
+    require_gpu()
+    devs = detect()
+    if args.json:
+        print(json.dumps([d.to_dict() for d in devs], indent=1, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="kog devices")
+    for c in ("index", "name", "arch", "SMs/CUs", "dies", "L2 MiB", "memory GiB", "driver", "runtime"):
+        t.add_column(c)
+    for d in devs:
+        t.add_row(str(d.index), d.name, d.arch, str(d.sms), str(d.dies),
+                  f"{d.l2_bytes / 2**20:g}" if d.l2_bytes else "?",
+                  f"{d.mem_bytes / 2**30:.1f}" if d.mem_bytes else "?", d.driver or "?", d.runtime or "?")
+    Console().print(t)
+    return 0
 
 
 def cmd_runs(args) -> int:
@@ -76,11 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if args.cmd == "scan":
-        from kog.probe.scan import cli_scan
-        return cli_scan(args)
+        # The GPU check comes before importing the scan module: with no GPU the answer is one clear
+        # line and exit 2, whatever the scan module needs at import time.
+        from kog.probe.device import require_gpu
+        args.device_info = require_gpu(args.device)
+        return import_command("kog.probe.scan", "cli_scan", "kogprobe scan")(args)
     if args.cmd == "report":
-        from kog.reports.cli import cli_probe_report
-        return cli_probe_report(args)
+        return import_command("kog.reports.cli", "cli_probe_report", "kogprobe report")(args)
+    if args.cmd == "device":
+        return cmd_device(args)
     if args.cmd in ("runs", "list"):
         return cmd_runs(args)
     parser.error(f"unknown command {args.cmd}")

@@ -15,10 +15,13 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
+import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,8 @@ from kog.probe.errors import UsageError
 FORMAT = "kog-run"
 FORMAT_VERSION = 1
 KINDS = ("scan", "bench", "study", "sweep")
+STATUSES = ("running", "complete", "incomplete", "failed")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class RunError(UsageError):
@@ -45,7 +50,12 @@ def _utc_now() -> _dt.datetime:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader never sees a half-written file (temp file + rename)."""
+    """Write `data` to `path` so a reader never sees a half-written file (temp file + rename).
+
+    The temp file lives in the same directory (a rename across file systems is not atomic) and is
+    fsynced before the rename; the directory is fsynced after it where the OS allows, so a power cut
+    leaves the old file or the new one, never a torn one.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -61,10 +71,48 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:  # some file systems refuse fsync on a directory; the rename is still atomic
+        pass
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON values: numpy scalars/arrays to Python, NaN/inf to null (strict JSON that a browser's
+    JSON.parse reads), dataclasses to dicts, paths and anything else to str."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return _jsonable(obj.to_dict())
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars
+        return _jsonable(obj.tolist())
+    if hasattr(obj, "item") and callable(obj.item):
+        return _jsonable(obj.item())
+    return str(obj)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=1, default=str, sort_keys=False) + "\n").encode())
+    text = json.dumps(_jsonable(obj), indent=1, allow_nan=False)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or name == "meta":
+        raise ValueError(f"bad table/document name {name!r}: letters, digits, '_', '-', '.' only "
+                         f"(not 'meta', no path separators)")
+    return name
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
@@ -113,6 +161,7 @@ class Run:
     def write_table(self, name: str, df) -> Path:
         """Store a pandas DataFrame as <name>.parquet, atomically; records it in meta['tables']."""
         import io
+        _check_name(name)
         buf = io.BytesIO()
         df.to_parquet(buf, index=False)
         p = self.path / f"{name}.parquet"
@@ -123,8 +172,13 @@ class Run:
         return p
 
     def write_json(self, name: str, obj: Any) -> Path:
-        p = self.path / f"{name}.json"
+        """Store a small JSON document as <name>.json, atomically (NaN becomes null)."""
+        p = self.path / f"{_check_name(name)}.json"
         atomic_write_json(p, obj)
+        docs = self.meta.setdefault("documents", [])
+        if name not in docs:
+            docs.append(name)
+            self._save_meta()
         return p
 
     def note_error(self, where: str, message: str) -> None:
@@ -133,6 +187,9 @@ class Run:
         self._save_meta()
 
     def finish(self, status: str = "complete") -> None:
+        """Mark the run `status` ('complete', 'incomplete' or 'failed') and stamp the finish time."""
+        if status not in STATUSES or status == "running":
+            raise ValueError(f"finish status must be complete, incomplete or failed, not {status!r}")
         self.meta["status"] = status
         self.meta["finished"] = _utc_now().isoformat(timespec="seconds")
         self._save_meta()
@@ -141,11 +198,15 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:
-            self.finish("complete")
-        else:
+        if exc_type is not None:
+            # Whatever stopped the block (an error, Ctrl-C, SIGTERM via cli_entry): keep the tables
+            # already written and say the run is incomplete, with why.
             self.meta["interrupted_by"] = exc_type.__name__
+            if exc is not None and str(exc):
+                self.meta["interrupted_message"] = str(exc)[:500]
             self.finish("incomplete")
+        elif self.meta.get("status") == "running":  # an explicit finish("failed") inside the block stays
+            self.finish("complete")
         return False
 
     # ---- reading -------------------------------------------------------------------------
@@ -158,12 +219,19 @@ class Run:
         """'complete', 'incomplete' or 'failed'; a run still marked 'running' whose writer is gone
         (killed) reads as 'incomplete'."""
         s = self.meta.get("status", "incomplete")
+        if s not in STATUSES:
+            return "incomplete"
         if s == "running":
             pid, host = self.meta.get("pid"), self.meta.get("host")
-            if host == platform.node() and isinstance(pid, int) and _pid_alive(pid):
+            if (host == platform.node() and isinstance(pid, int) and _pid_alive(pid)
+                    and self.meta.get("pid_start") in (None, _proc_start(pid))):
                 return "running"
             return "incomplete"
         return s
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
 
     @property
     def tables(self) -> list[str]:
@@ -202,6 +270,15 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, kind={self.meta.get('kind')!r}, status={self.status!r})"
+
+
+def _proc_start(pid: int) -> int | None:
+    """Start time of process `pid` in clock ticks since boot (Linux), to tell a reused pid from the writer."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except Exception:
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -243,6 +320,7 @@ class RunStore:
             "format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "status": "running",
             "started": now.isoformat(timespec="seconds"), "finished": None,
             "argv": list(sys.argv if argv is None else argv), "host": platform.node(), "pid": os.getpid(),
+            "pid_start": _proc_start(os.getpid()),
             "git_commit": git_commit(), "versions": package_versions(), "device": dev,
             "tables": [], **(extra or {}),
         }
@@ -256,7 +334,7 @@ class RunStore:
             return []
         runs = []
         for p in sorted(self.root.iterdir()):
-            if not p.is_dir():
+            if not p.is_dir() or p.name.startswith("."):
                 continue
             try:
                 r = open_run(p)
@@ -277,7 +355,6 @@ class RunStore:
 
 
 def _slug(s: str) -> str:
-    import re
     return re.sub(r"[^a-z0-9]+", "-", str(s).lower()).strip("-") or "gpu"
 
 
@@ -290,7 +367,9 @@ def open_run(path: str | os.PathLike) -> Run:
         raise RunError(f"not a run directory (a file): {p}")
     mp = p / "meta.json"
     if not mp.exists():
-        raise RunError(f"not a kog run: {p} has no meta.json")
+        hint = " (it looks like a run store: list it with `kogprobe runs --runs-dir`)" if any(
+            (c / "meta.json").exists() for c in p.iterdir() if c.is_dir()) else ""
+        raise RunError(f"not a kog run: {p} has no meta.json{hint}")
     try:
         meta = json.loads(mp.read_text())
     except Exception as e:
@@ -301,4 +380,10 @@ def open_run(path: str | os.PathLike) -> Run:
         raise RunError(f"run {p} was written by a newer kog (format {meta.get('format_version')})")
     if meta.get("kind") not in KINDS:
         raise RunError(f"corrupt run: {mp} has unknown kind {meta.get('kind')!r}")
+    tables = meta.get("tables", [])
+    if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+        raise RunError(f"corrupt run: {mp} has a malformed 'tables' list")
+    if meta.get("device") is not None and not isinstance(meta["device"], dict):
+        raise RunError(f"corrupt run: {mp} has a malformed 'device' entry")
+    meta.setdefault("tables", [])
     return Run(p, meta)

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from kog.probe import __version__
-from kog.probe.errors import cli_entry
+from kog.probe.errors import cli_entry, import_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,21 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd is None:
         parser.print_help()
         return 2
+    # Commands that measure on a GPU check for one before importing their module, so a machine
+    # without one gets one clear line (exit 2) whatever that module needs at import time.
     if args.cmd == "search":
-        from kog.tune.search import cli_search
-        return cli_search(args)
+        if args.backend == "gpu":
+            from kog.probe.device import require_gpu
+            args.device_info = require_gpu()
+        return import_command("kog.tune.search", "cli_search", "kogtune search")(args)
     if args.cmd == "bench":
-        from kog.engine.bench import cli_bench
-        return cli_bench(args)
+        from kog.probe.device import require_gpu
+        args.device_info = require_gpu()
+        return import_command("kog.engine.bench", "cli_bench", "kogtune bench")(args)
     if args.cmd == "generate":
-        from kog.engine.generate import cli_generate
-        return cli_generate(args)
+        return import_command("kog.engine.generate", "cli_generate", "kogtune generate")(args)
     if args.cmd == "report":
-        from kog.reports.cli import cli_tune_report
-        return cli_tune_report(args)
+        return import_command("kog.reports.cli", "cli_tune_report", "kogtune report")(args)
     if args.cmd == "show":
-        from kog.tune.store import cli_show
-        return cli_show(args)
+        return import_command("kog.tune.store", "cli_show", "kogtune show")(args)
     parser.error(f"unknown command {args.cmd}")
     return 2
 

@@ -53,6 +53,11 @@ def xcds_from_cus(arch: str, cus: int) -> int:
     return max(1, round(cus / per))
 
 
+def _call(mod, name: str, *args, default=None):
+    """mod.name(*args), or `default` when the library lacks that function or the call fails."""
+    return _try(getattr(mod, name, None), *args, default=default)
+
+
 def _try(fn: Callable[..., Any] | None, *args, default=None):
     if fn is None:
         return default
@@ -74,11 +79,11 @@ def _amdsmi():
 
 def _handle(smi, index: int, props):
     """The amdsmi processor handle of torch's device `index` (by PCI bus id when torch gives one)."""
-    handles = _try(smi.amdsmi_get_processor_handles, default=[]) or []
+    handles = _call(smi, "amdsmi_get_processor_handles", default=[]) or []
     bus = getattr(props, "pci_bus_id", None)
     if bus is not None:
         for h in handles:
-            bdf = _try(smi.amdsmi_get_gpu_device_bdf, h)
+            bdf = _call(smi, "amdsmi_get_gpu_device_bdf", h)
             if isinstance(bdf, str) and bdf.split(":")[-2:-1] == [f"{bus:02x}"]:
                 return h
     return handles[index] if 0 <= index < len(handles) else None
@@ -86,33 +91,33 @@ def _handle(smi, index: int, props):
 
 def _smi_fields(smi, h) -> dict[str, Any]:
     d: dict[str, Any] = {}
-    asic = _try(smi.amdsmi_get_gpu_asic_info, h) or {}
+    asic = _call(smi, "amdsmi_get_gpu_asic_info", h) or {}
     d["market_name"] = asic.get("market_name")
     d["cus"] = asic.get("num_compute_units")
-    d["xcds"] = _try(getattr(smi, "amdsmi_get_gpu_xcd_counter", None), h)
-    d["compute_partition"] = _try(getattr(smi, "amdsmi_get_gpu_compute_partition", None), h)
-    d["memory_partition"] = _try(getattr(smi, "amdsmi_get_gpu_memory_partition", None), h)
+    d["xcds"] = _call(smi, "amdsmi_get_gpu_xcd_counter", h)
+    d["compute_partition"] = _call(smi, "amdsmi_get_gpu_compute_partition", h)
+    d["memory_partition"] = _call(smi, "amdsmi_get_gpu_memory_partition", h)
     clk = getattr(smi, "AmdSmiClkType", None)
     if clk is not None:
-        gfx = _try(smi.amdsmi_get_clock_info, h, clk.GFX) or {}
-        mem = _try(smi.amdsmi_get_clock_info, h, clk.MEM) or {}
+        gfx = _call(smi, "amdsmi_get_clock_info", h, clk.GFX) or {}
+        mem = _call(smi, "amdsmi_get_clock_info", h, clk.MEM) or {}
         d["sm_clock_max_mhz"] = gfx.get("max_clk")
         d["mem_clock_max_mhz"] = mem.get("max_clk")
-    drv = _try(smi.amdsmi_get_gpu_driver_info, h) or {}
+    drv = _call(smi, "amdsmi_get_gpu_driver_info", h) or {}
     d["driver"] = drv.get("driver_version")
-    vram = _try(smi.amdsmi_get_gpu_vram_info, h) or {}
+    vram = _call(smi, "amdsmi_get_gpu_vram_info", h) or {}
     if vram.get("vram_size"):
         d["mem_bytes"] = int(vram["vram_size"]) * MiB  # amdsmi reports MiB
     d["mem_bus_bits"] = vram.get("vram_bit_width")
-    cap = _try(getattr(smi, "amdsmi_get_power_cap_info", None), h) or {}
+    cap = _call(smi, "amdsmi_get_power_cap_info", h) or {}
     if cap.get("power_cap"):
         d["power_limit_w"] = cap["power_cap"] / 1e6  # microwatts
-    d["uuid"] = _try(smi.amdsmi_get_gpu_device_uuid, h)
-    pcie = _try(getattr(smi, "amdsmi_get_pcie_info", None), h) or {}
+    d["uuid"] = _call(smi, "amdsmi_get_gpu_device_uuid", h)
+    pcie = _call(smi, "amdsmi_get_pcie_info", h) or {}
     st = pcie.get("pcie_static", {}) if isinstance(pcie, dict) else {}
     if st:
         d["pcie"] = {"gen": st.get("pcie_interface_version"), "width": st.get("max_pcie_width")}
-    caches = _try(getattr(smi, "amdsmi_get_gpu_cache_info", None), h) or {}
+    caches = _call(smi, "amdsmi_get_gpu_cache_info", h) or {}
     for c in (caches.get("cache", []) if isinstance(caches, dict) else []):
         if c.get("cache_level") == 2 and c.get("cache_size"):
             d["l2_bytes"] = int(c["cache_size"]) * 1024  # KiB
@@ -162,7 +167,7 @@ def inventory(index: int = 0) -> DeviceInfo:
             else:
                 info.extra["amdsmi"] = "no handle for this device"
         finally:
-            _try(getattr(smi, "amdsmi_shut_down", None))
+            _call(smi, "amdsmi_shut_down")
     # In CPX mode each XCD is its own device of 38 CUs: torch's CU count then already says 1 XCD.
     if not isinstance(xcds, int) or xcds < 1:
         xcds = xcds_from_cus(arch, cus)

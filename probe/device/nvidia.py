@@ -21,6 +21,11 @@ def _nvml():
         return None
 
 
+def _call(mod, name: str, *args, default=None):
+    """mod.name(*args), or `default` when the library lacks that function or the call fails."""
+    return _try(getattr(mod, name, None), *args, default=default)
+
+
 def _try(fn: Callable[..., Any], *args, default=None):
     try:
         return fn(*args)
@@ -44,19 +49,19 @@ def _handle(nv, index: int, props):
     if uuid is not None:
         u = str(uuid)
         for cand in (u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}", u):
-            h = _try(nv.nvmlDeviceGetHandleByUUID, cand)
+            h = _call(nv, "nvmlDeviceGetHandleByUUID", cand)
             if h is None:
-                h = _try(nv.nvmlDeviceGetHandleByUUID, cand.encode())
+                h = _call(nv, "nvmlDeviceGetHandleByUUID", cand.encode())
             if h is not None:
                 return h
     dom, bus, dev = (getattr(props, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
     if None not in (dom, bus, dev):
         busid = f"{dom:08x}:{bus:02x}:{dev:02x}.0"
-        h = _try(nv.nvmlDeviceGetHandleByPciBusId, busid) or _try(nv.nvmlDeviceGetHandleByPciBusId,
+        h = _call(nv, "nvmlDeviceGetHandleByPciBusId", busid) or _call(nv, "nvmlDeviceGetHandleByPciBusId",
                                                                    busid.encode())
         if h is not None:
             return h
-    return _try(nv.nvmlDeviceGetHandleByIndex, index)
+    return _call(nv, "nvmlDeviceGetHandleByIndex", index)
 
 
 def _nvlinks(nv, h) -> list[dict[str, Any]]:
@@ -64,18 +69,20 @@ def _nvlinks(nv, h) -> list[dict[str, Any]]:
     links = []
     n = getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)
     for link in range(n):
-        state = _try(nv.nvmlDeviceGetNvLinkState, h, link)
+        state = _call(nv, "nvmlDeviceGetNvLinkState", h, link)
         if state is None:
             # Not supported on this board/driver: links beyond the last one answer with an error too.
             continue
         if not state:
             continue
         entry: dict[str, Any] = {"type": "nvlink", "link": link,
-                                 "version": _try(nv.nvmlDeviceGetNvLinkVersion, h, link)}
-        rp = _try(getattr(nv, "nvmlDeviceGetNvLinkRemotePciInfo_v2", nv.nvmlDeviceGetNvLinkRemotePciInfo), h, link)
+                                 "version": _call(nv, "nvmlDeviceGetNvLinkVersion", h, link)}
+        rp = _call(nv, "nvmlDeviceGetNvLinkRemotePciInfo_v2", h, link)
+        if rp is None:
+            rp = _call(nv, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
         if rp is not None:
             entry["peer_pci_bus_id"] = _text(getattr(rp, "busId", None))
-        rtype = _try(getattr(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", lambda *_: None), h, link)
+        rtype = _call(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
         if rtype is not None:
             entry["peer_type"] = {0: "gpu", 1: "ibmnpu", 2: "switch"}.get(int(rtype), int(rtype))
         links.append(entry)
@@ -84,25 +91,26 @@ def _nvlinks(nv, h) -> list[dict[str, Any]]:
 
 def _nvml_fields(nv, h) -> dict[str, Any]:
     """Everything NVML adds for one handle; a failed query is simply absent."""
+    SM, MEM = getattr(nv, "NVML_CLOCK_SM", 1), getattr(nv, "NVML_CLOCK_MEM", 2)
     d: dict[str, Any] = {}
-    d["nvml_name"] = _text(_try(nv.nvmlDeviceGetName, h))
-    d["uuid"] = _text(_try(nv.nvmlDeviceGetUUID, h))
-    d["sm_clock_max_mhz"] = _try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
-    d["mem_clock_max_mhz"] = _try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM)
-    mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
+    d["nvml_name"] = _text(_call(nv, "nvmlDeviceGetName", h))
+    d["uuid"] = _text(_call(nv, "nvmlDeviceGetUUID", h))
+    d["sm_clock_max_mhz"] = _call(nv, "nvmlDeviceGetMaxClockInfo", h, SM)
+    d["mem_clock_max_mhz"] = _call(nv, "nvmlDeviceGetMaxClockInfo", h, MEM)
+    mem = _call(nv, "nvmlDeviceGetMemoryInfo", h)
     d["mem_bytes"] = int(mem.total) if mem is not None else None
-    d["mem_bus_bits"] = _try(nv.nvmlDeviceGetMemoryBusWidth, h)
-    ecc = _try(nv.nvmlDeviceGetEccMode, h)
+    d["mem_bus_bits"] = _call(nv, "nvmlDeviceGetMemoryBusWidth", h)
+    ecc = _call(nv, "nvmlDeviceGetEccMode", h)
     d["ecc"] = bool(ecc[0]) if ecc is not None else None
-    pl = _try(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+    pl = _call(nv, "nvmlDeviceGetEnforcedPowerLimit", h)
     if pl is None:
-        pl = _try(nv.nvmlDeviceGetPowerManagementLimit, h)
+        pl = _call(nv, "nvmlDeviceGetPowerManagementLimit", h)
     d["power_limit_w"] = pl / 1000.0 if pl is not None else None
     pcie = {
-        "gen": _try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
-        "width": _try(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
-        "gen_max": _try(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-        "width_max": _try(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+        "gen": _call(nv, "nvmlDeviceGetCurrPcieLinkGeneration", h),
+        "width": _call(nv, "nvmlDeviceGetCurrPcieLinkWidth", h),
+        "gen_max": _call(nv, "nvmlDeviceGetMaxPcieLinkGeneration", h),
+        "width_max": _call(nv, "nvmlDeviceGetMaxPcieLinkWidth", h),
     }
     d["pcie"] = pcie if any(v is not None for v in pcie.values()) else None
     d["links"] = _nvlinks(nv, h)
@@ -110,9 +118,9 @@ def _nvml_fields(nv, h) -> dict[str, Any]:
     # differently from one at boost), application clocks, MIG and compute mode, persistence.
     extra: dict[str, Any] = {}
     for key, fn, args in (
-        ("sm_clock_now_mhz", "nvmlDeviceGetClockInfo", (nv.NVML_CLOCK_SM,)),
-        ("mem_clock_now_mhz", "nvmlDeviceGetClockInfo", (nv.NVML_CLOCK_MEM,)),
-        ("sm_clock_app_mhz", "nvmlDeviceGetApplicationsClock", (nv.NVML_CLOCK_SM,)),
+        ("sm_clock_now_mhz", "nvmlDeviceGetClockInfo", (SM,)),
+        ("mem_clock_now_mhz", "nvmlDeviceGetClockInfo", (MEM,)),
+        ("sm_clock_app_mhz", "nvmlDeviceGetApplicationsClock", (SM,)),
         ("power_limit_default_w", "nvmlDeviceGetPowerManagementDefaultLimit", ()),
         ("compute_mode", "nvmlDeviceGetComputeMode", ()),
         ("persistence_mode", "nvmlDeviceGetPersistenceMode", ()),
@@ -162,8 +170,8 @@ def inventory(index: int = 0) -> DeviceInfo:
         info.extra["nvml"] = "unavailable"
         return info
     try:
-        info.driver = _text(_try(nv.nvmlSystemGetDriverVersion))
-        cuda_drv = _try(nv.nvmlSystemGetCudaDriverVersion)
+        info.driver = _text(_call(nv, "nvmlSystemGetDriverVersion"))
+        cuda_drv = _call(nv, "nvmlSystemGetCudaDriverVersion")
         if cuda_drv:
             info.extra["driver_cuda"] = f"{cuda_drv // 1000}.{cuda_drv % 1000 // 10}"
         h = _handle(nv, index, p)
@@ -181,5 +189,5 @@ def inventory(index: int = 0) -> DeviceInfo:
         info.extra.update(f["extra"])
         info.extra["nvml"] = "ok"
     finally:
-        _try(nv.nvmlShutdown)
+        _call(nv, "nvmlShutdown")
     return info
