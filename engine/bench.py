@@ -1,0 +1,291 @@
+"""`kogtune bench`: the monokernel against the conventional stacks, in one process, on the same weights.
+
+Systems come from a registry: register_system(name, factory) where factory(cfg, weights, device) returns an
+object with
+
+    generate(prompt_ids, n) -> (tokens, seconds)      n greedy tokens; seconds times the n decode steps only
+    teacher_forced_logits(prompt_ids, forced_ids) -> [n, V]   optional: prefill the prompt but its last token,
+                                                      then feed prompt[-1], forced[0..n-2]; row j predicts forced[j]
+    breakdown() -> {category: seconds_per_token}      optional: streaming / waiting / barrier / other
+
+The baselines (kog.engine.baselines) are registered here; kog-targeted and kog-grid are registered by
+kog.engine.monokernel when it imports, and show as 'error: not built' when it does not.
+
+Correctness gate: max_rel_err = max over teacher-forced steps j of max_v |a[j,v] - b[j,v]| / max_v |b[j,v]|,
+b the Reference's logits (eager, same weights) for the Reference's own greedy tokens.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from kog.probe.errors import NotBuiltError, UsageError
+
+_REGISTRY: dict[str, Callable] = {}
+KOG_SYSTEMS = ("kog-targeted", "kog-grid")
+# Baselines first: a monokernel that faults the CUDA context then cannot take the baselines' numbers with it.
+DEFAULT_SYSTEMS = ("torch-compile", "cuda-graph", "reference-eager", "hf-transformers", "kog-grid", "kog-targeted")
+HF_MAX_TOKENS = 64      # HF generate runs ~13 tok/s on the H200: its rate is measured over fewer tokens
+
+
+def register_system(name: str, factory: Callable) -> None:
+    """Make `name` benchable: factory(cfg, weights, device) -> system (see the module docstring)."""
+    _REGISTRY[name] = factory
+
+
+def _not_built(name: str, why: str) -> Callable:
+    def factory(cfg, weights, device):
+        raise NotBuiltError(why)
+    factory.not_built_reason = why
+    return factory
+
+
+def _register_builtin() -> None:
+    from kog.engine.baselines import BASELINES
+    for name, cls in BASELINES.items():
+        _REGISTRY.setdefault(name, cls)
+
+
+def available_systems() -> dict[str, Callable]:
+    """The registry, with the monokernel's systems loaded if kog.engine.monokernel imports."""
+    _register_builtin()
+    if not all(k in _REGISTRY for k in KOG_SYSTEMS):
+        try:
+            import kog.engine.monokernel  # noqa: F401 - registers kog-targeted / kog-grid on import
+        except ModuleNotFoundError as e:
+            why = "not built" if e.name == "kog.engine.monokernel" else f"not built (missing module {e.name})"
+            for k in KOG_SYSTEMS:
+                _REGISTRY.setdefault(k, _not_built(k, why))
+        except Exception as e:  # a broken monokernel must not stop the baselines from being measured
+            for k in KOG_SYSTEMS:
+                _REGISTRY.setdefault(k, _not_built(k, f"monokernel import failed: {type(e).__name__}: {e}"))
+        for k in KOG_SYSTEMS:
+            _REGISTRY.setdefault(k, _not_built(k, "not built (kog.engine.monokernel registered no such system)"))
+    return dict(_REGISTRY)
+
+
+# ---- measurements --------------------------------------------------------------------------------------------
+
+def max_rel_err(logits, ref_logits) -> float:
+    """max over steps j of max|a_j - b_j| / max|b_j| (float32); shapes [n, V]."""
+    import torch
+    a, b = torch.as_tensor(logits).float(), torch.as_tensor(ref_logits).float().to(torch.as_tensor(logits).device)
+    if a.shape != b.shape:
+        raise ValueError(f"logits shape {tuple(a.shape)} != reference {tuple(b.shape)}")
+    a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
+    per_step = (a - b).abs().amax(-1) / b.abs().amax(-1).clamp_min(1e-30)
+    return float(per_step.max())
+
+
+def first_divergence(tokens: list[int], ref_tokens: list[int]) -> int | None:
+    """Index of the first token that differs from the reference's (None when all n agree)."""
+    for i, (a, b) in enumerate(zip(tokens, ref_tokens)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(ref_tokens) else min(len(tokens), len(ref_tokens))
+
+
+def copy_bandwidth_GBps(device, nbytes: int = 2 << 30, iters: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second / 1e9, median of `iters` CUDA-event timings."""
+    import torch
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = int(min(nbytes, max(free // 4, 1 << 30)))
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    a.random_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize(device)
+    ms = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        ms.append(s.elapsed_time(e))
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (statistics.median(ms) * 1e-3) / 1e9
+
+
+def reference_greedy(cfg, weights, prompt: list[int], n: int):
+    """The Reference's greedy tokens and its logits for them, along the decode path (teacher_forced_logits
+    semantics): (tokens [n], logits [n, V] float32)."""
+    import torch
+    from kog.engine.reference import Reference
+    ref = Reference(cfg, weights, len(prompt) + n)
+    with torch.no_grad():
+        if len(prompt) > 1:
+            ref.prefill(prompt[:-1])
+        tok, rows, toks = prompt[-1], [], []
+        for j in range(n):
+            lg = ref.decode_step(tok, len(prompt) - 1 + j).float()
+            rows.append(lg)
+            tok = int(torch.argmax(lg))
+            toks.append(tok)
+    out = torch.stack(rows)
+    del ref
+    return toks, out
+
+
+def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: list[int], n: int, repeats: int,
+                 ref_tokens: list[int] | None, ref_logits, advance: Callable[[], None] = lambda: None) -> dict:
+    """Build, warm up, then time `repeats` runs of one system; correctness against the reference."""
+    import torch
+    rec: dict[str, Any] = {}
+    sysobj = None
+    try:
+        t0 = time.perf_counter()
+        sysobj = factory(cfg, weights, device)
+        n_sys = min(n, HF_MAX_TOKENS) if name == "hf-transformers" else n
+        sysobj.generate(prompt, n_sys)                       # warm-up: compile, capture, autotune
+        rec["setup_seconds"] = round(time.perf_counter() - t0, 3)
+        advance()
+        runs, tokens = [], None
+        for _ in range(repeats):
+            tokens, secs = sysobj.generate(prompt, n_sys)
+            if len(tokens) != n_sys:
+                raise RuntimeError(f"generate returned {len(tokens)} tokens, asked for {n_sys}")
+            runs.append(n_sys / secs)
+            advance()
+        rec.update(tok_per_s=statistics.median(runs), runs_tok_per_s=runs, new_tokens=n_sys,
+                   seconds_per_token=1.0 / statistics.median(runs))
+        if ref_tokens is not None:
+            rec["first_divergence"] = first_divergence(list(tokens), ref_tokens[:n_sys])
+        if hasattr(sysobj, "teacher_forced_logits") and ref_logits is not None:
+            lg = sysobj.teacher_forced_logits(prompt, ref_tokens[:n_sys])
+            rec["max_rel_err"] = max_rel_err(lg, ref_logits[:n_sys])
+        if hasattr(sysobj, "breakdown"):
+            rec["breakdown"] = {k: float(v) for k, v in dict(sysobj.breakdown()).items()}
+        for attr in ("compile_seconds", "note", "cache_implementation"):
+            if getattr(sysobj, attr, None) not in (None, ""):
+                rec[attr] = getattr(sysobj, attr)
+    except Exception as e:
+        msg = str(e) if isinstance(e, NotBuiltError) else f"{type(e).__name__}: {e}"
+        rec = {"error": msg.splitlines()[0][:500] if msg else type(e).__name__, "tok_per_s": None,
+               "runs_tok_per_s": [], **{k: v for k, v in rec.items() if k == "setup_seconds"}}
+    finally:
+        del sysobj
+        import gc
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rec
+
+
+# ---- the command ------------------------------------------------------------------------------------------
+
+def _systems_arg(spec: str | None, known: dict[str, Callable]) -> list[str]:
+    if not spec:
+        return [s for s in DEFAULT_SYSTEMS if s in known] + [s for s in known if s not in DEFAULT_SYSTEMS]
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [s for s in names if s not in known]
+    if bad or not names:
+        raise UsageError(f"unknown system(s) {', '.join(bad) or '(none given)'}: choose from {', '.join(known)}")
+    return names
+
+
+def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: int = 5,
+              systems: str | None = None, runs_dir: str | None = None, json_out: str | None = None,
+              argv: list[str] | None = None, progress: bool = True, seed: int = 0) -> tuple[dict, Path]:
+    """The bench; returns (bench JSON, run directory). Needs a GPU."""
+    from kog.probe.device import require_gpu
+    dev_info = require_gpu()
+    if tokens < 1 or prompt_tokens < 1 or repeats < 1:
+        raise UsageError("--tokens, --prompt-tokens and --repeats must be >= 1")
+    import pandas as pd
+    import torch
+
+    from kog.engine.weights import resolve_model
+    from kog.reports.runstore import RunStore, git_commit, package_versions
+
+    known = available_systems()
+    names = _systems_arg(systems, known)
+    device = torch.device("cuda", dev_info.index)
+    cfg, w = resolve_model(model, device, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_tokens,), generator=g).tolist()
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    console = Console(stderr=True)
+    store = RunStore(runs_dir)
+    with store.create("bench", dev_info, argv, extra={"model": cfg.name}) as run, Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(), console=console, disable=not progress, transient=False) as bar:
+        task = bar.add_task("copy bandwidth", total=2 + len(names) * (repeats + 1))
+        copy = copy_bandwidth_GBps(device)
+        bar.advance(task)
+        bar.update(task, description="reference tokens + logits")
+        ref_tokens, ref_logits = reference_greedy(cfg, w, prompt, tokens)
+        bar.advance(task)
+        wbpt = cfg.weight_bytes_per_token()
+        results: dict[str, dict] = {}
+        for name in names:
+            bar.update(task, description=name)
+            done0 = bar.tasks[0].completed
+            rec = bench_system(name, known[name], cfg, w, device, prompt, tokens, repeats, ref_tokens,
+                               ref_logits, advance=lambda: bar.advance(task))
+            bar.update(task, completed=done0 + repeats + 1)
+            if rec.get("error"):
+                run.note_error(name, rec["error"])
+            results[name] = rec
+        bar.update(task, description="done")
+
+        out = {
+            "device": dev_info.to_dict(),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
+            "versions": package_versions(),
+            "model": cfg.name,
+            "dtype": cfg.dtype,
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": tokens,
+            "copy_GBps": copy,
+            "weight_bytes_per_token": wbpt,
+            "limit_tok_per_s": copy * 1e9 / wbpt,
+            "systems": results,
+        }
+        rows = [{"system": k, "tok_per_s": v.get("tok_per_s"), "max_rel_err": v.get("max_rel_err"),
+                 "new_tokens": v.get("new_tokens"), "first_divergence": v.get("first_divergence"),
+                 "runs_tok_per_s": [float(x) for x in v.get("runs_tok_per_s", [])],
+                 "error": v.get("error")} for k, v in results.items()]
+        run.write_table("systems", pd.DataFrame(rows))
+        bd = [{"system": k, "category": c, "seconds_per_token": s}
+              for k, v in results.items() for c, s in (v.get("breakdown") or {}).items()]
+        run.write_table("breakdown", pd.DataFrame(bd, columns=["system", "category", "seconds_per_token"]))
+        run.write_json("bench", out)
+        if json_out:
+            p = Path(json_out)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    return out, run.path
+
+
+def _summary_lines(out: dict) -> list[str]:
+    lines = [f"{out['model']} {out['dtype']} on {out['device'].get('name')}: copy {out['copy_GBps']:.0f} GB/s, "
+             f"limit {out['limit_tok_per_s']:.0f} tok/s ({out['prompt_tokens']}-token prompt, "
+             f"{out['new_tokens']} new tokens)"]
+    for k, v in out["systems"].items():
+        if v.get("error"):
+            lines.append(f"  {k:16s} error: {v['error']}")
+            continue
+        extra = f"  max_rel_err {v['max_rel_err']:.2e}" if v.get("max_rel_err") is not None else ""
+        frac = v["tok_per_s"] / out["limit_tok_per_s"]
+        lines.append(f"  {k:16s} {v['tok_per_s']:9.1f} tok/s  {100 * frac:5.1f}% of limit{extra}")
+    return lines
+
+
+def cli_bench(args) -> int:
+    out, path = run_bench(args.model, args.tokens, args.prompt_tokens, args.repeats, args.systems,
+                          getattr(args, "runs_dir", None), args.json, argv=list(sys.argv))
+    for line in _summary_lines(out):
+        print(line)
+    print(path)
+    return 0
