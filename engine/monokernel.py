@@ -1,0 +1,301 @@
+"""Launcher of the monokernel: packs the weights, turns a Plan into kernel inputs, launches, checks.
+
+    mk = Monokernel(cfg, weights, EngineConfig(mode="targeted"))
+    tokens, seconds = mk.generate(prompt_ids, 512)              # greedy; temperature/top_k/top_p/seed too
+    logits = mk.teacher_forced_logits(prompt_ids, forced_ids)   # [n, V] for the correctness gate
+    mk.breakdown()                                              # instrumented run -> seconds/token by category
+
+Prefill runs on the plain-torch reference (it fills the same KV cache tensor the kernel then extends);
+every decode step afterwards happens inside ONE launch of kernel.monokernel, sampling included.
+Weights are repacked once into one buffer in task order, with each RMSNorm's weight folded into the
+columns of the matrix that consumes it (the kernel applies the 1/rms scale to the matrix output).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from kog.engine.config import ConfigError, ModelConfig
+from kog.engine.engine_config import EngineConfig
+from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_BAR, TASK_NAMES, Plan,
+                             make_plan)
+from kog.engine.sampling import sample_mode
+from kog.engine.vendor import INTERPRET, vendor_code
+from kog.probe.errors import KogError
+
+BUF_NAMES = {BUF_QKV: "qkv", BUF_ATTN: "attn", BUF_HMID: "hmid", BUF_ACT: "act", BUF_HOUT: "h"}
+
+
+class MonokernelError(KogError):
+    """The kernel reported an error (a wait timed out): the message names the counter and the task."""
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class Monokernel:
+    def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
+                 max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
+                 trace_tokens: int = 0):
+        from kog.engine.reference import Reference
+        self.cfg = cfg
+        self.ecfg = ecfg or EngineConfig()
+        self.vendor = vendor_code()
+        self.device = torch.device(device) if device is not None else weights.device
+        if self.vendor != INTERPRET and self.device.type != "cuda":
+            raise ConfigError("the monokernel needs the weights on a GPU (or TRITON_INTERPRET=1 on the CPU)")
+        if self.vendor == INTERPRET:
+            sms = 1
+            self.ecfg = self.ecfg.replace(ctas_per_sm=1)
+        else:
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.sms = sms
+        self.plan: Plan = make_plan(cfg, self.ecfg, sms, sm_partition)
+        self.ref = Reference(cfg, weights, max_seq)
+        self.max_seq = self.ref.max_seq
+        self.trace_tokens = trace_tokens
+        self._pack(weights)
+        self._alloc()
+        self.compile_seconds: float | None = None
+        self._last_trace: np.ndarray | None = None
+        self._last_ms_per_token: float | None = None
+
+    # ---- one-time preparation -----------------------------------------------------------------------
+    def _pack(self, w) -> None:
+        cfg, dev = self.cfg, self.device
+        dt = w.dtype
+        mats, offs, o = [], np.zeros((cfg.num_layers + 1, 8), dtype=np.int64), 0
+
+        def add(t: torch.Tensor) -> int:
+            nonlocal o
+            mats.append(t.contiguous().view(-1))
+            start, o = o, o + t.numel()
+            return start
+
+        def fold(m: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+            # RMSNorm weight folded into the consumer's columns: W' = W * diag(gamma)
+            return (m.float() * gamma.float()[None, :]).to(dt)
+
+        for i in range(cfg.num_layers):
+            L = w.layer(i)
+            offs[i, 0] = add(fold(L["wqkv"], L["attn_norm"]))
+            offs[i, 1] = add(L["wo"])
+            offs[i, 2] = add(fold(L["w_gate"], L["ffn_norm"]))
+            offs[i, 3] = add(fold(L["w_up"], L["ffn_norm"]))
+            offs[i, 4] = add(L["w_down"])
+        offs[cfg.num_layers, 0] = add(fold(w["lm_head"], w["norm"]))
+        self.wbuf = torch.cat(mats).to(dev)
+        del mats
+        self.woff = torch.tensor(offs, device=dev)
+        # small fp32 parameters: q/k/v bias, q_norm, k_norm
+        small, soffs, so = [torch.zeros(1)], np.zeros((cfg.num_layers, 8), dtype=np.int64), 1
+        for i in range(cfg.num_layers):
+            L = w.layer(i)
+            for j, name in ((0, "bqkv"), (1, "q_norm"), (2, "k_norm")):
+                if name in L:
+                    soffs[i, j] = so
+                    small.append(L[name].float().cpu().view(-1))
+                    so += L[name].numel()
+        self.small = torch.cat(small).to(dev)
+        self.soff = torch.tensor(soffs, device=dev)
+        self.embed = w["embed"]
+        cos, sin = self.ref.cos.float(), self.ref.sin.float()   # the reference's (model-dtype) table
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+
+    def _alloc(self) -> None:
+        cfg, p, dev = self.cfg, self.plan, self.device
+        H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+        aoff, o = np.zeros((L + 2, 5), dtype=np.int32), 0
+        for layer in range(L + 1):
+            for j, n in enumerate((H, cfg.qkv_size, cfg.q_size, H, I)):
+                aoff[layer, j] = o
+                o += n
+        aoff[L + 1, 0] = o
+        self.aoff = torch.tensor(aoff, device=dev)
+        self.act = torch.zeros(o + H, dtype=torch.float32, device=dev)
+        self.gpow = _next_pow2(p.grid)
+        self.partial_v = torch.zeros(self.gpow + cfg.vocab_size, dtype=torch.float32, device=dev)
+        self.partial_i = torch.zeros(self.gpow, dtype=torch.int32, device=dev)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.tasks = torch.tensor(p.tasks, **i32)
+        self.cta_start = torch.tensor(p.cta_start, **i32)
+        self.layout = torch.tensor(p.layout, **i32)
+        self.rpc = torch.tensor(p.rows_per_counter, **i32)
+        # counters, then a block of always-ready dummies (target 0) that layer 0's waits point at
+        n_dummy = max(cfg.qkv_size, cfg.intermediate_size, cfg.hidden_size) // int(p.rows_per_counter.min()) + 2
+        self.dummy_base = p.n_counters
+        self.target = torch.tensor(np.concatenate([p.target, np.zeros(n_dummy, np.int32)]), **i32)
+        self.cnt = torch.zeros(p.n_counters + n_dummy, **i32)
+        self.sync = torch.zeros(64 + (1 << 12), **i32)
+        self.err = torch.zeros(8, **i32)
+        self.smid_tab = torch.zeros(self.gpow, **i32)
+        eos = list(cfg.eos_token_id)[:8]
+        self.eos = torch.tensor(eos + [-1] * (8 - len(eos)), **i32)
+        self.n_eos = len(eos)
+        self.trace_cap = int(np.max(p.cta_start[1:] - p.cta_start[:-1])) * max(self.trace_tokens, 1)
+        self.trace = torch.zeros((p.grid, self.trace_cap, 4) if self.trace_tokens else (1, 1, 4),
+                                 dtype=torch.int64, device=dev)
+
+    # ---- launching ------------------------------------------------------------------------------------
+    def _launch(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,
+                top_k: int, top_p: float, seed: int, write_logits: bool, trace: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from kog.engine.kernel import monokernel
+        cfg, e, p = self.cfg, self.ecfg, self.plan
+        if pos0 + n > self.max_seq:
+            raise ConfigError(f"{pos0 + n} positions exceed the KV cache's max_seq {self.max_seq}")
+        out = torch.full((n,), -1, dtype=torch.int32, device=self.device)
+        logits = torch.empty((n, cfg.vocab_size) if write_logits else (1,), dtype=torch.float32, device=self.device)
+        forced_t = forced if forced is not None else torch.zeros(1, dtype=torch.int32, device=self.device)
+        self.cnt.zero_()
+        self.sync.zero_()
+        self.err.zero_()
+        self.act[: cfg.hidden_size] = self.embed[first_token].float()
+        mode = sample_mode(temperature, top_k, top_p)
+        g = cfg.num_heads // cfg.num_kv_heads
+        window = getattr(cfg, "sliding_window", None) or 0
+        args = (self.wbuf, self.woff, self.small, self.soff, self.embed, self.cos, self.sin, self.ref.cache,
+                self.act, self.aoff, logits, self.partial_v, self.partial_i, out, forced_t, self.eos, self.n_eos,
+                self.tasks, self.cta_start, self.layout, self.rpc, self.target, self.cnt, self.dummy_base,
+                self.smid_tab, 1 if e.mapping == "topology" else 0,
+                self.sync, self.err, self.trace, self.trace_tokens if trace else 0, self.trace_cap,
+                pos0, n, self.max_seq, int(window), 1 if forced is not None else 0, int(seed),
+                1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
+                1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
+        meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
+                    HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=max(16, _next_pow2(g)),
+                    HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
+                    BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
+                    BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
+                    PREFETCH=e.prefetch, SAMPLE=mode, WRITE_LOGITS=bool(write_logits), TRACE=bool(trace),
+                    VENDOR=self.vendor, FILTER_ITERS=24, num_warps=e.num_warps)
+        if self.vendor != INTERPRET:
+            meta["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
+            if self.compile_seconds is None:
+                t0 = time.perf_counter()
+                k = monokernel.warmup(*args, grid=(p.grid,), **meta)
+                self.compile_seconds = time.perf_counter() - t0
+                self._check_residency(k)
+        monokernel[(p.grid,)](*args, **meta)
+        self._check_error()
+        return out, (logits if write_logits else None)
+
+    def _check_residency(self, k) -> None:
+        """Refuse a grid larger than what fits on the SMs at once (a persistent grid must be co-resident)."""
+        try:
+            props = torch.cuda.get_device_properties(self.device)
+            regs = k.n_regs * 32 * self.ecfg.num_warps
+            fit = 65536 // max(regs, 1)
+            smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+            if k.metadata.shared:
+                fit = min(fit, smem // k.metadata.shared)
+            fit = min(fit, 2048 // (32 * self.ecfg.num_warps))
+        except Exception:
+            return
+        self.max_ctas_per_sm = fit
+        if self.ecfg.ctas_per_sm > fit:
+            raise ConfigError(f"ctas_per_sm {self.ecfg.ctas_per_sm} does not fit: the kernel uses {k.n_regs} "
+                              f"registers/thread and {k.metadata.shared} B shared memory, so {fit} CTAs fit per SM")
+
+    def _check_error(self) -> None:
+        err = self.err.cpu().tolist()
+        if err[0] == 0:
+            return
+        what, task, target, value = err[1:5]
+        where = self._describe_counter(what)
+        tdesc = self._describe_task(task)
+        raise MonokernelError(f"monokernel: a wait timed out on {where} in {tdesc} "
+                              f"(counter {value} < target {target}); the kernel aborted instead of hanging")
+
+    def _describe_counter(self, idx: int) -> str:
+        if idx == -1:
+            return "the token-ready flag"
+        if idx == -2:
+            return "the grid barrier"
+        if idx == -3:
+            return "the start-up SM rendezvous"
+        lay = self.plan.layout
+        best = None
+        for layer in range(lay.shape[0]):
+            for b in range(N_BUF):
+                if lay[layer, b] <= idx:
+                    best = (layer, b, idx - lay[layer, b])
+        if best is None or idx >= self.plan.n_counters:
+            return f"counter {idx}"
+        layer, b, c = best
+        r = int(self.plan.rows_per_counter[b])
+        return f"counter {idx} ({BUF_NAMES[b]} of layer {layer}, rows {c * r}..{(c + 1) * r - 1})"
+
+    def _describe_task(self, ti: int) -> str:
+        if ti < 0:
+            return "the token start"
+        typ, layer, tile, _ = (int(x) for x in self.plan.tasks[ti])
+        cta = int(np.searchsorted(self.plan.cta_start, ti, side="right") - 1)
+        return f"task {ti} ({TASK_NAMES[typ]} layer {layer} tile {tile}, CTA {cta})"
+
+    # ---- public API -----------------------------------------------------------------------------------
+    def _prefill(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise ConfigError("the prompt is empty")
+        self.ref.reset()
+        if len(prompt) > 1:
+            self.ref.prefill(prompt[:-1])
+
+    def generate(self, prompt_ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0, trace: bool = False) -> tuple[list[int], float]:
+        """n new tokens after the prompt (fewer if EOS), and the seconds the decode launch took."""
+        prompt = [int(t) for t in prompt_ids]
+        self._prefill(prompt)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        out, _ = self._launch(prompt[-1], len(prompt) - 1, n, None, temperature, top_k, top_p, seed,
+                              False, trace)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        toks = out.cpu().tolist()
+        ntok = int(self.sync[5].item())
+        toks = toks[:ntok]
+        if trace:
+            self._last_trace = self.trace.cpu().numpy()
+            self._last_ms_per_token = dt * 1e3 / max(ntok, 1)
+        return toks, dt
+
+    def teacher_forced_logits(self, prompt_ids, forced_ids) -> torch.Tensor:
+        """[n, V] float32 logits with the same feeding as Reference.teacher_forced_logits."""
+        prompt, forced = [int(t) for t in prompt_ids], [int(t) for t in forced_ids]
+        self._prefill(prompt)
+        feed = torch.tensor([prompt[-1]] + forced, dtype=torch.int32, device=self.device)
+        n = len(forced)
+        # force the fed tokens; EOS must not stop a teacher-forced run
+        saved = self.n_eos
+        self.n_eos = 0
+        try:
+            _, logits = self._launch(prompt[-1], len(prompt) - 1, n, feed, 0.0, 0, 1.0, 0, True, False)
+        finally:
+            self.n_eos = saved
+        return logits
+
+    def breakdown(self, prompt_ids=None, n: int = 64) -> dict[str, Any]:
+        """Where a token's time goes, from an instrumented run: seconds per token (CTA-averaged) in
+        streaming (task time not spent waiting), waiting (on dependencies), barrier (grid mode) and other
+        (task decode, sampling, token hand-off), plus per-phase numbers and the raw trace (pandas)."""
+        from kog.engine.trace import breakdown_from_trace
+        if prompt_ids is not None or self._last_trace is None:
+            if self.trace_tokens == 0:
+                raise ConfigError("breakdown() needs Monokernel(..., trace_tokens=N)")
+            self.generate(prompt_ids if prompt_ids is not None else [1, 2, 3, 4], n, trace=True)
+        return breakdown_from_trace(self._last_trace, self.plan, self._last_ms_per_token * 1e-3,
+                                    self.trace_tokens)
+
+
+def precompile(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> None:
+    """Hook for kogtune: compile the kernel for a config ahead of measuring (needs a GPU)."""
+    from kog.engine.weights import random_weights
+    w = random_weights(model_cfg, device="cuda", seed=0)
+    Monokernel(model_cfg, w, engine_cfg, max_seq=64).generate([1, 2], 1)

@@ -1,0 +1,83 @@
+"""Instrumented-run analysis: the kernel's per-task %globaltimer records -> time breakdown and Perfetto trace.
+
+Each record (kernel._trace) is [start_ns, end_ns, waited_ns, step << 40 | smid << 24 | task index].
+Categories per token, averaged over CTAs:
+  streaming  task time not spent waiting (weight loads + math of the task)
+  waiting    time a task spent in targeted waits for its inputs
+  barrier    time in grid barriers (grid mode)
+  other      the rest of the token: task decode, the token hand-off (sampling, embedding), idle tails
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kog.engine.plan import T_BAR, TASK_NAMES, Plan
+
+CATEGORIES = ("streaming", "waiting", "barrier", "other")
+
+
+def trace_table(trace: np.ndarray, plan: Plan):
+    """The raw records as a DataFrame [cta, sm, step, task, phase, layer, start_ns, end_ns, wait_ns]."""
+    import pandas as pd
+    grid, cap, _ = trace.shape
+    rows = []
+    for c in range(grid):
+        rec = trace[c]
+        rec = rec[rec[:, 1] > 0]
+        if len(rec) == 0:
+            continue
+        packed = rec[:, 3]
+        ti = packed & ((1 << 24) - 1)
+        rows.append(pd.DataFrame({
+            "cta": c, "sm": (packed >> 24) & 0xFFFF, "step": packed >> 40, "task": ti,
+            "phase": [TASK_NAMES[int(t)] for t in plan.tasks[ti, 0]], "layer": plan.tasks[ti, 1],
+            "start_ns": rec[:, 0], "end_ns": rec[:, 1], "wait_ns": rec[:, 2]}))
+    if not rows:
+        return pd.DataFrame(columns=["cta", "sm", "step", "task", "phase", "layer", "start_ns", "end_ns", "wait_ns"])
+    df = pd.concat(rows, ignore_index=True)
+    t0 = df["start_ns"].min()
+    df["start_ns"] -= t0
+    df["end_ns"] -= t0
+    return df
+
+
+def breakdown_from_trace(trace: np.ndarray, plan: Plan, seconds_per_token: float, traced_tokens: int) -> dict[str, Any]:
+    df = trace_table(trace, plan)
+    if df.empty:
+        return {"seconds_per_token": seconds_per_token, **{c: None for c in CATEGORIES}, "phases": {}}
+    # skip the first traced token: it carries the launch's start-up
+    steps = sorted(df["step"].unique())
+    if len(steps) > 1:
+        df = df[df["step"] != steps[0]]
+    ntok = df["step"].nunique()
+    dur = (df["end_ns"] - df["start_ns"]).clip(lower=0)
+    is_bar = df["phase"] == TASK_NAMES[T_BAR]
+    per_cta_tok = 1e-9 / (plan.grid * ntok)
+    barrier = float(dur[is_bar].sum()) * per_cta_tok
+    waiting = float(df.loc[~is_bar, "wait_ns"].sum()) * per_cta_tok
+    streaming = float((dur[~is_bar] - df.loc[~is_bar, "wait_ns"]).clip(lower=0).sum()) * per_cta_tok
+    other = max(seconds_per_token - barrier - waiting - streaming, 0.0)
+    phases = {}
+    for ph, g in df.groupby("phase"):
+        d = (g["end_ns"] - g["start_ns"]).clip(lower=0)
+        w = g["wait_ns"] if ph != TASK_NAMES[T_BAR] else d
+        phases[ph] = {"seconds_per_token": float(d.sum()) * per_cta_tok,
+                      "waiting": float(w.sum()) * per_cta_tok, "tasks": int(len(g) // max(ntok, 1))}
+    return {"seconds_per_token": seconds_per_token, "streaming": streaming, "waiting": waiting,
+            "barrier": barrier, "other": other, "phases": phases, "traced_tokens": int(ntok), "table": df}
+
+
+def chrome_trace(df, path: str | Path) -> Path:
+    """Write a Chrome-trace JSON (Perfetto opens it): one track per CTA, grouped by SM."""
+    events = []
+    for r in df.itertuples(index=False):
+        events.append({"name": f"{r.phase} L{r.layer}", "ph": "X", "pid": int(r.sm), "tid": int(r.cta),
+                       "ts": r.start_ns / 1e3, "dur": max((r.end_ns - r.start_ns) / 1e3, 0.001),
+                       "args": {"task": int(r.task), "step": int(r.step), "wait_us": r.wait_ns / 1e3}})
+    p = Path(path)
+    p.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+    return p
