@@ -129,13 +129,21 @@ def cli_generate(args) -> int:
     else:
         system = _monokernel_system(args.mode, cfg, w, device)
         params = inspect.signature(system.generate).parameters
-        if "on_token" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            tokens, secs = system.generate(prompt_ids, args.tokens, stop_ids=cfg.eos_token_id, on_token=on_token,
-                                           **samp)
-        else:
-            if args.temperature > 0:
-                raise UsageError(f"--mode {args.mode}: this monokernel build only does greedy decoding")
-            tokens, secs = system.generate(prompt_ids, args.tokens)
+        takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        wanted = dict(samp, stop_ids=cfg.eos_token_id, on_token=on_token)
+        kw = {k: v for k, v in wanted.items() if takes_all or k in params}
+        missing = [k for k in ("temperature", "top_k", "top_p") if k not in kw and samp[k] != {
+            "temperature": 0.0, "top_k": 0, "top_p": 1.0}[k]]
+        if missing:
+            raise UsageError(f"--mode {args.mode}: this monokernel build does not take {', '.join(missing)}")
+        tokens, secs = system.generate(prompt_ids, args.tokens, **kw)
+        tokens = list(tokens)
+        if "stop_ids" not in kw:          # the kernel stops at EOS itself; keep the first one as the end
+            for i, t in enumerate(tokens):
+                if t in cfg.eos_token_id:
+                    tokens = tokens[:i + 1]
+                    break
+        if "on_token" not in kw:          # no streaming hook: print what came back
             for t in tokens:
                 on_token(t)
     tokens = list(tokens)

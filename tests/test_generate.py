@@ -1,0 +1,208 @@
+"""generate: sampling rules, the reference mode end to end (CPU), tokenizers, and the bench's CPU-side pieces."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from kog.engine.config import preset
+from kog.engine.generate import generate_reference, sample_next
+from kog.engine.reference import Reference
+from kog.engine.tokenizer import ByteTokenizer, HFTokenizer, StreamDecoder, load_tokenizer
+from kog.engine.weights import random_weights, save_checkpoint
+from kog.tune.cli import main as kogtune
+
+V = 200
+
+
+def _logits(seed=0):
+    return torch.randn(V, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def test_greedy_and_temperature_zero():
+    lg = _logits()
+    assert sample_next(lg, 0.0) == int(lg.argmax())
+    # a tiny temperature is greedy in effect
+    g = torch.Generator().manual_seed(0)
+    assert all(sample_next(lg, 1e-4, generator=g) == int(lg.argmax()) for _ in range(20))
+
+
+def test_top_k_never_leaves_top_k():
+    lg = _logits(1)
+    top = set(torch.topk(lg, 5).indices.tolist())
+    g = torch.Generator().manual_seed(0)
+    draws = {sample_next(lg, 5.0, top_k=5, generator=g) for _ in range(300)}
+    assert draws <= top and len(draws) > 1
+
+
+def test_top_p_keeps_the_nucleus():
+    lg = _logits(2)
+    p = torch.softmax(lg, -1)
+    order = torch.argsort(p, descending=True)
+    cum = torch.cumsum(p[order], -1)
+    k = int((cum < 0.5).sum()) + 1                     # the smallest prefix with mass >= 0.5
+    nucleus = set(order[:k].tolist())
+    g = torch.Generator().manual_seed(0)
+    draws = {sample_next(lg, 1.0, top_p=0.5, generator=g) for _ in range(400)}
+    assert draws <= nucleus
+    assert sample_next(lg, 1.0, top_p=1e-9, generator=g) == int(lg.argmax())
+
+
+def test_sampling_matches_softmax_chi_square():
+    lg = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0, 0.2])
+    p = torch.softmax(lg / 0.7, -1)
+    g = torch.Generator().manual_seed(123)
+    n = 6000
+    counts = torch.zeros(6)
+    for _ in range(n):
+        counts[sample_next(lg, 0.7, generator=g)] += 1
+    chi2 = float(((counts - n * p) ** 2 / (n * p)).sum())
+    assert chi2 < 20.5          # chi-square, 5 degrees of freedom, p = 0.001
+
+
+def test_reference_generate_seeded_and_greedy_equal():
+    cfg = preset("tiny").replace(dtype="float32")
+    w = random_weights(cfg, "cpu", 0)
+    prompt = [1, 40, 41, 42]
+    a, _ = generate_reference(cfg, w, prompt, 12, temperature=1.0, top_k=20, seed=7)
+    b, _ = generate_reference(cfg, w, prompt, 12, temperature=1.0, top_k=20, seed=7)
+    c, _ = generate_reference(cfg, w, prompt, 12, temperature=1.0, top_k=20, seed=8)
+    assert a == b and a != c
+    greedy, _ = generate_reference(cfg, w, prompt, 8)
+    assert greedy == Reference(cfg, w, 32).greedy(prompt, 8)
+    stop = greedy[2]
+    stopped, _ = generate_reference(cfg, w, prompt, 8, stop_ids=(stop,))
+    assert stopped == greedy[:greedy.index(stop) + 1]
+
+
+def test_byte_tokenizer_round_trip():
+    cfg = preset("tiny")
+    tok = ByteTokenizer(cfg)
+    text = "héllo, wörld ✓"
+    ids = tok.encode(text)
+    assert ids[0] == cfg.bos_token_id and max(ids) < cfg.vocab_size
+    assert tok.decode(ids[1:]) == text
+    s = StreamDecoder(tok)
+    assert "".join(s.push(i) for i in ids[1:]) == text    # multi-byte characters held back until complete
+
+
+def _write_wordlevel_tokenizer(d):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate("the quick brown fox jumps".split())}}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.save(str(d / "tokenizer.json"))
+
+
+def test_cli_generate_reference_on_checkpoint_with_tokenizer(tmp_path, capsys):
+    cfg = preset("tiny").replace(dtype="bfloat16")
+    d = save_checkpoint(cfg, random_weights(cfg, "cpu", 0), tmp_path / "ck")
+    _write_wordlevel_tokenizer(d)
+    tok = load_tokenizer(d, cfg)
+    assert isinstance(tok, HFTokenizer) and tok.encode("the quick fox") == [3, 4, 6]
+    rc = kogtune(["generate", "--model", str(d), "--mode", "reference", "--prompt", "the quick fox",
+                  "--tokens", "6", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_ids"] == [3, 4, 6] and out["tokenizer"] == "tokenizer.json"
+    assert 1 <= len(out["tokens"]) <= 6 and all(0 <= t < cfg.vocab_size for t in out["tokens"])
+
+
+def test_cli_generate_streams_on_preset(capsys):
+    rc = kogtune(["generate", "--model", "tiny", "--mode", "reference", "--prompt", "hi", "--tokens", "5",
+                  "--temperature", "0.9", "--top-p", "0.9", "--seed", "3"])
+    cap = capsys.readouterr()
+    assert rc == 0 and cap.out.startswith("hi") and "tok/s" in cap.err
+
+
+def test_cli_generate_bad_args(capsys):
+    assert kogtune(["generate", "--model", "tiny", "--mode", "reference", "--top-p", "0"]) == 2
+    assert kogtune(["generate", "--model", "no-such-model", "--mode", "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "top-p" in err and "llama-3.2-1b" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kog.engine.monokernel") is not None,
+                    reason="the monokernel exists: its own tests cover these modes")
+def test_cli_generate_monokernel_not_built(capsys):
+    assert kogtune(["generate", "--model", "tiny", "--mode", "targeted"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not built" in err
+
+
+# ---- bench pieces that need no GPU ---------------------------------------------------------------------------
+
+def test_max_rel_err_definition():
+    from kog.engine.bench import first_divergence, max_rel_err
+    b = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    a = b.clone()
+    assert max_rel_err(a, b) == 0.0
+    a[2, 7] += 0.5 * b[2].abs().max()
+    assert abs(max_rel_err(a, b) - 0.5) < 1e-6        # per step: max|a-b| / max|b|, max over steps
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 5, 3], [1, 2, 3]) == 1
+
+
+def test_bench_without_gpu_is_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert kogtune(["bench", "--model", "tiny", "--tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no GPU" in err
+
+
+def test_bench_system_records_errors_and_goes_on():
+    from kog.engine.baselines import ReferenceEager
+    from kog.engine.bench import bench_system, reference_greedy
+    cfg = preset("tiny").replace(dtype="float32")
+    w = random_weights(cfg, "cpu", 0)
+    prompt = [1, 2, 3, 4]
+    toks, logits = reference_greedy(cfg, w, prompt, 6)
+    assert toks == Reference(cfg, w, 16).greedy(prompt, 6)
+
+    class Broken:
+        def __init__(self, *a):
+            pass
+
+        def generate(self, prompt_ids, n):
+            raise RuntimeError("kernel fell over")
+
+    rec = bench_system("broken", Broken, cfg, w, "cpu", prompt, 6, 2, toks, logits)
+    assert rec["tok_per_s"] is None and "kernel fell over" in rec["error"]
+
+    class WithLogits(ReferenceEager):
+        def teacher_forced_logits(self, prompt_ids, forced):
+            return Reference(cfg, w, 16).teacher_forced_logits(prompt_ids, forced) * 1.01
+
+        def breakdown(self):
+            return {"streaming": 1e-3, "other": 1e-4}
+
+    rec = bench_system("eager", WithLogits, cfg, w, "cpu", prompt, 6, 2, toks, logits)
+    assert rec["first_divergence"] is None and len(rec["runs_tok_per_s"]) == 2 and rec["tok_per_s"] > 0
+    assert abs(rec["max_rel_err"] - 0.01) < 1e-4 and rec["breakdown"]["streaming"] == 1e-3
+
+
+def test_run_bench_pipeline_on_cpu(tmp_path):
+    """The whole bench bookkeeping (systems, errors, run directory, JSON keys) with the CPU stand-in."""
+    from kog.engine.bench import run_bench
+    from kog.reports.runstore import open_run
+    out, path = run_bench("tiny", tokens=5, prompt_tokens=6, repeats=2,
+                          systems="reference-eager,hf-transformers,kog-grid", runs_dir=str(tmp_path / "runs"),
+                          json_out=str(tmp_path / "b.json"), progress=False, cpu_for_tests=True)
+    assert set(out) == {"device", "date", "git_commit", "versions", "model", "dtype", "prompt_tokens",
+                        "new_tokens", "copy_GBps", "weight_bytes_per_token", "limit_tok_per_s", "systems"}
+    assert out["limit_tok_per_s"] == pytest.approx(out["copy_GBps"] * 1e9 / out["weight_bytes_per_token"])
+    s = out["systems"]
+    assert s["reference-eager"]["tok_per_s"] > 0 and s["reference-eager"]["first_divergence"] is None
+    assert len(s["reference-eager"]["runs_tok_per_s"]) == 2
+    assert s["hf-transformers"]["tok_per_s"] > 0 and s["hf-transformers"]["first_divergence"] is None
+    if importlib.util.find_spec("kog.engine.monokernel") is None:
+        assert "not built" in s["kog-grid"]["error"]
+    run = open_run(path)
+    assert run.kind == "bench" and run.status == "complete"
+    t = run.table("systems")
+    assert list(t["system"]) == ["reference-eager", "hf-transformers", "kog-grid"]
+    assert run.json("bench") == json.loads((tmp_path / "b.json").read_text())
+    assert list(run.table("breakdown").columns) == ["system", "category", "seconds_per_token"]
