@@ -1,0 +1,540 @@
+"""`kogtune search`: an Optuna study over EngineConfig, crash-proof, resumable and distributable.
+
+Storage: an Optuna storage URL. Default `sqlite:///<runs dir>/kog-studies.db` (one stable file, so running
+`kogtune search` again finds the study and resumes: --trials is the study's total, completed trials are
+kept). A RUNNING trial left by a dead search process is marked FAILED (with 'fail_reason') and its config
+re-queued once: at start-up for processes of this host whose pid is gone, and through Optuna's heartbeat
+(grace period) for other hosts. Several hosts share one study through PostgreSQL
+(`--storage postgresql://...`). --workers N runs N worker processes (worker i sees GPU i only).
+Every trial runs in its own process (kog.tune.isolation).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kog.probe.errors import UsageError
+
+HEARTBEAT_S, GRACE_S = 20, 60
+
+
+def quiet_optuna() -> None:
+    """Experimental-feature notices (heartbeat, group) are not the user's concern."""
+    import warnings
+    import optuna
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# ---- storage -------------------------------------------------------------------------------------
+def default_storage(runs_dir: str | os.PathLike | None) -> str:
+    from kog.reports.runstore import default_root
+    root = Path(runs_dir) if runs_dir else default_root()
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(root / 'kog-studies.db').resolve()}"
+
+
+def redact(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1] if "@" in url else url
+
+
+def _stale_callback(study, trial) -> None:
+    """Heartbeat found a trial whose worker stopped beating: say why, and run its config again once."""
+    from optuna.storages import RetryFailedTrialCallback
+    study._storage.set_trial_user_attr(trial._trial_id, "fail_reason",
+                                       "worker died (heartbeat lost): config re-queued")
+    RetryFailedTrialCallback(max_retry=1)(study, trial)
+
+
+def open_storage(url: str):
+    """RDBStorage with heartbeat, or UsageError (one line, exit 2) for a bad or unreachable URL."""
+    import optuna
+    quiet_optuna()
+    from sqlalchemy.engine import make_url
+    try:
+        u = make_url(url)
+    except Exception:
+        raise UsageError(f"bad storage URL {url!r}: expected e.g. sqlite:///path.db or "
+                         f"postgresql://user:pass@host/db") from None
+    backend = u.get_backend_name()
+    if backend not in ("sqlite", "postgresql", "mysql"):
+        raise UsageError(f"bad storage URL {redact(url)}: unsupported database {backend!r} "
+                         f"(use sqlite or postgresql)")
+    if backend == "sqlite" and u.database and u.database != ":memory:":
+        parent = Path(u.database).parent
+        if not parent.is_dir():
+            raise UsageError(f"bad storage URL {url}: directory {parent} does not exist")
+    kw: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
+    params = inspect.signature(optuna.storages.RDBStorage.__init__).parameters
+    kw["heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
+       else "failed_trial_callback"] = _stale_callback
+    engine_kwargs = {"connect_args": {"timeout": 30}} if backend == "sqlite" else {
+        "pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    try:
+        import logging
+        logging.getLogger("optuna").setLevel(logging.WARNING)
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kw)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, ModuleNotFoundError):
+            msg = f"the database driver is not installed ({e.name}); e.g. pip install psycopg2-binary"
+        raise UsageError(f"cannot open storage {redact(url)}: {msg[:300]}") from None
+
+
+# ---- samplers and pruner ---------------------------------------------------------------------------
+def make_sampler(name: str, seed: int | None = None):
+    import optuna
+    quiet_optuna()
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        for mod in ("torch", "scipy"):
+            try:
+                __import__(mod)
+            except ImportError:
+                raise UsageError(f"the GP sampler needs {mod}: pip install {mod} "
+                                 f"(or use --sampler tpe)") from None
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "cmaes":
+        try:
+            import cmaes  # noqa: F401
+        except ImportError:
+            raise UsageError("the CMA-ES sampler needs the cmaes package: pip install cmaes "
+                             "(or use --sampler tpe)") from None
+        import warnings
+        warnings.filterwarnings("ignore", category=UserWarning, module="optuna")
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    raise UsageError(f"unknown sampler {name!r} (tpe, gp, cmaes, random)")
+
+
+def make_pruner():
+    """Prune a config whose short measurement is in the slowest quarter of the trials so far."""
+    import optuna
+    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=8, n_warmup_steps=0)
+
+
+# ---- the study -------------------------------------------------------------------------------------
+@dataclass
+class Setup:
+    model_spec: str
+    model: Any
+    device_name: str
+    device: Any           # DeviceInfo or None (sim)
+    sms: int
+    backend: str
+    scan_path: str | None
+    has_scan: bool
+    study_name: str
+    storage_url: str
+
+
+def _slug(s: str) -> str:
+    import re
+    return re.sub(r"[^a-z0-9.]+", "-", s.lower()).strip("-")
+
+
+def prepare(args) -> Setup:
+    from kog.tune.scan_model import find_scan_dir, load_scan
+    from kog.tune.space import resolve_model_config
+    model = resolve_model_config(args.model)
+    backend = args.backend
+    if backend == "gpu":
+        from kog.probe.device import require_gpu
+        dev = require_gpu()
+        scan_dir = find_scan_dir(dev.name)
+        name, sms = dev.name, dev.sms
+        scan_path = str(scan_dir) if scan_dir else None
+        has_scan = scan_dir is not None
+    else:
+        dev = None
+        scan_dir = Path(args.scan) if getattr(args, "scan", None) else find_scan_dir()
+        scan = load_scan(scan_dir) if scan_dir else load_scan()
+        name, sms = scan.device_name, scan.sms
+        scan_path = str(scan_dir) if scan_dir else None
+        has_scan = True   # the simulator's scan (or its synthetic stand-in) drives the topology mapping
+    study = args.study or f"kog-{_slug(name)}-{_slug(model.name)}" + ("-sim" if backend == "sim" else "")
+    storage = args.storage or default_storage(args.runs_dir)
+    return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage)
+
+
+def study_attrs(s: Setup) -> dict[str, Any]:
+    from kog.tune.store import shape_signature
+    return {"model": s.model.name, "model_shape": shape_signature(s.model), "dtype": s.model.dtype,
+            "device": s.device_name, "backend": s.backend}
+
+
+def open_study(s: Setup, storage, sampler, pruner):
+    """Create or load the study; refuse (exit 2) one that holds another model, device or backend."""
+    import optuna
+    try:
+        study = optuna.load_study(study_name=s.study_name, storage=storage, sampler=sampler, pruner=pruner)
+        existed = True
+    except KeyError:
+        existed = False
+    if not existed:
+        try:
+            study = optuna.create_study(study_name=s.study_name, storage=storage, sampler=sampler,
+                                        pruner=pruner, direction="maximize", load_if_exists=True)
+        except optuna.exceptions.DuplicatedStudyError:
+            study = optuna.load_study(study_name=s.study_name, storage=storage, sampler=sampler, pruner=pruner)
+    want = study_attrs(s)
+    have = study.user_attrs
+    if have.get("model_shape") is None:
+        for k, v in want.items():
+            study.set_user_attr(k, v)
+        return study
+    for k in ("model_shape", "dtype", "device", "backend"):
+        if have.get(k) != want[k]:
+            raise UsageError(f"study {s.study_name!r} holds trials of {have.get('model')} "
+                             f"({have.get('dtype')}) on {have.get('device')} [{have.get('backend')}], not "
+                             f"{want['model']} ({want['dtype']}) on {want['device']} [{want['backend']}]; "
+                             f"pick another --study")
+    return study
+
+
+def fail_dead_local_trials(study) -> int:
+    """RUNNING trials started by a process of this host that is gone (Ctrl-C, kill -9): FAIL + re-queue."""
+    import optuna
+    from optuna.trial import TrialState
+    host = platform.node()
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        w = t.user_attrs.get("worker", "")
+        h, _, pid = w.rpartition(":")
+        if h != host or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "fail_reason",
+                                               f"worker {w} died (interrupted or killed): config re-queued")
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except Exception:
+            continue   # another process got there first
+        if t.params and "retry_of" not in t.user_attrs:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        n += 1
+    return n
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+COUNTED = None  # set lazily: states that count toward --trials
+
+
+def _counted_states():
+    from optuna.trial import TrialState
+    return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def finished_count(study) -> int:
+    return len(study.get_trials(deepcopy=False, states=_counted_states()))
+
+
+class _Tagged:
+    """Wraps the objective: tags each trial with its worker so a dead worker's trials can be found."""
+
+    def __init__(self, obj):
+        self.obj = obj
+        self.tag = f"{platform.node()}:{os.getpid()}"
+
+    def __call__(self, trial):
+        trial.set_user_attr("worker", self.tag)
+        return self.obj(trial)
+
+
+def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, seed: int | None,
+               worker_index: int = 0, gpu_env: bool = False, target: str | None = None,
+               payload_extra: dict[str, Any] | None = None) -> None:
+    """One worker: optimize until the study holds `total_trials` finished trials."""
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from kog.tune.objective import Objective, TrialContext, TrialFailed
+    from kog.tune.space import build_space
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(s.storage_url)
+    wseed = None if seed is None else seed + worker_index
+    study = open_study(s, storage, make_sampler(sampler_name, wseed), make_pruner())
+    left = total_trials - finished_count(study)
+    if left <= 0:
+        return
+    env = {"CUDA_VISIBLE_DEVICES": str(worker_index)} if gpu_env else None
+    ctx = TrialContext(s.model_spec, s.model, s.sms, s.backend, timeout, s.scan_path,
+                       build_space(s.model, s.has_scan), payload_extra or {}, env, target)
+    study.optimize(_Tagged(Objective(ctx)), n_trials=left, catch=(TrialFailed,),
+                   callbacks=[MaxTrialsCallback(total_trials, states=_counted_states())],
+                   gc_after_trial=False, show_progress_bar=False)
+
+
+def _worker_entry(s: Setup, total: int, timeout: float, sampler: str, seed, index: int, gpu_env: bool,
+                  target, payload_extra) -> None:
+    try:
+        run_worker(s, total, timeout, sampler, seed, index, gpu_env, target, payload_extra)
+    except KeyboardInterrupt:
+        pass
+
+
+# ---- compile ahead -------------------------------------------------------------------------------------
+def precompile(model_spec: str, configs, processes: int | None = None, timeout: float = 600.0) -> dict[tuple, str]:
+    """Compile one kernel per distinct EngineConfig.compile_key() among `configs`, in parallel isolated
+    processes (a pool sized to the CPU cores), through kog.engine.monokernel.precompile(model_cfg,
+    engine_cfg) when the engine has it. Returns {compile_key: "ok" | reason}; {} without the hook.
+    Configs with equal keys (mapping, wait granularity, ctas_per_sm differ) reuse one compiled kernel."""
+    try:
+        from kog.engine import monokernel  # type: ignore[attr-defined]
+        if not hasattr(monokernel, "precompile"):
+            return {}
+    except Exception:
+        return {}
+    from concurrent.futures import ThreadPoolExecutor
+    from kog.tune.isolation import run_isolated
+    by_key: dict[tuple, Any] = {}
+    for c in configs:
+        by_key.setdefault(c.compile_key(), c)
+    n = processes or os.cpu_count() or 1
+
+    def one(item):
+        key, cfg = item
+        out = run_isolated("kog.tune.objective:precompile_one", {"model": model_spec, "config": cfg.to_dict()},
+                           timeout)
+        return key, ("ok" if out.ok else out.reason)
+
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        return dict(ex.map(one, by_key.items()))
+
+
+def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` distinct valid configs (the engine default first, then random ones): queued before the sampler
+    takes over, and compiled ahead in parallel."""
+    import optuna
+    from kog.engine.engine_config import EngineConfig
+    from kog.tune.space import Infeasible, build_space, check, residency_fn
+    space = build_space(s.model, s.has_scan)
+    maxc = residency_fn(s.backend)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    d = EngineConfig()
+    try:
+        check(d, s.model, s.sms, maxc)
+        p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin",)}
+        if p["mode"] == "grid":
+            p.pop("sync_rows")
+        out.append(p)
+        seen.add(json.dumps(p, sort_keys=True))
+    except Infeasible:
+        pass
+    st = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    tries = 0
+    while len(out) < n and tries < 50 * n:
+        tries += 1
+        t = st.ask()
+        cfg = space.suggest(t)
+        try:
+            check(cfg, s.model, s.sms, maxc)
+        except Infeasible:
+            continue
+        key = json.dumps(t.params, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(t.params))
+    return out
+
+
+# ---- the command ------------------------------------------------------------------------------------
+def cli_search(args) -> int:
+    import multiprocessing as mp
+    import optuna
+    from optuna.trial import TrialState
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    s = prepare(args)
+    if args.trials < 1:
+        raise UsageError("--trials must be >= 1")
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
+    seed = getattr(args, "seed", None)
+    storage = open_storage(s.storage_url)
+    make_sampler(args.sampler, seed)      # a missing sampler dependency fails here, before any work
+    study = open_study(s, storage, make_sampler(args.sampler, seed), make_pruner())
+    revived = fail_dead_local_trials(study)
+    before = finished_count(study)
+    if before == 0 and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        design = initial_design(s, min(args.trials, 8), seed or 0)
+        for p in design:
+            study.enqueue_trial(p, skip_if_exists=True)
+        if s.backend == "gpu":
+            from kog.tune.space import config_from_params
+            precompile(s.model_spec, [config_from_params(p) for p in design])
+    gpu_env = s.backend == "gpu" and args.workers > 1
+    target = getattr(args, "target", None)
+    extra = getattr(args, "payload_extra", None)
+    console_err = _console()
+    t0 = time.time()
+    if args.workers == 1:
+        _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err)
+    else:
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_worker_entry, args=(s, args.trials, args.timeout, args.sampler, seed, i,
+                                                           gpu_env, target, extra), daemon=False)
+                 for i in range(args.workers)]
+        for p in procs:
+            p.start()
+        try:
+            _progress_poll(study, args.trials, procs, console_err)
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+            raise
+        finally:
+            for p in procs:
+                p.join()
+    return _finish(s, args, study, time.time() - t0, revived)
+
+
+def _console():
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+def _best_text(study) -> str:
+    try:
+        b = study.best_trial
+        return f"best {b.value:.1f} tok/s (trial {b.number})"
+    except ValueError:
+        return "best -"
+
+
+def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, disable=not console.is_terminal) as prog:
+        task = prog.add_task(_best_text(study), total=args.trials, completed=finished_count(study))
+        import threading
+        stop = threading.Event()
+
+        def poll():
+            while not stop.wait(0.5):
+                prog.update(task, completed=finished_count(study), description=_best_text(study))
+
+        th = threading.Thread(target=poll, daemon=True)
+        th.start()
+        try:
+            run_worker(s, args.trials, args.timeout, args.sampler, seed, 0, gpu_env, target, extra)
+        finally:
+            stop.set()
+            th.join()
+            prog.update(task, completed=finished_count(study), description=_best_text(study))
+
+
+def _progress_poll(study, total, procs, console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, disable=not console.is_terminal) as prog:
+        task = prog.add_task(_best_text(study), total=total)
+        while any(p.is_alive() for p in procs):
+            prog.update(task, completed=finished_count(study), description=_best_text(study))
+            time.sleep(0.5)
+        prog.update(task, completed=finished_count(study), description=_best_text(study))
+
+
+def summarize(study) -> dict[str, Any]:
+    from optuna.trial import TrialState
+    ts = study.get_trials(deepcopy=False)
+    states = {st.name: sum(1 for t in ts if t.state == st) for st in TrialState}
+    fails = {}
+    for t in ts:
+        if t.state in (TrialState.FAIL,) and "fail_reason" in t.user_attrs:
+            k = t.user_attrs.get("fail_kind") or t.user_attrs["fail_reason"].split(":")[0]
+            fails[k] = fails.get(k, 0) + 1
+    out: dict[str, Any] = {"study": study.study_name, "trials": len(ts),
+                           "states": {k: v for k, v in states.items() if v}, "fail_kinds": fails,
+                           "attrs": study.user_attrs}
+    try:
+        b = study.best_trial
+        out["best"] = {"number": b.number, "tok_per_s": b.value, "params": b.params,
+                       "config": b.user_attrs.get("config"), "breakdown": b.user_attrs.get("breakdown")}
+    except ValueError:
+        out["best"] = None
+    return out
+
+
+def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
+    from kog.engine.engine_config import EngineConfig
+    from kog.reports.runstore import RunStore
+    from kog.tune import store
+    summ = summarize(study)
+    summ.update({"storage": redact(s.storage_url), "wall_s": round(wall, 2), "revived_dead_trials": revived,
+                 "backend": s.backend, "sampler": args.sampler})
+    stored = False
+    if summ["best"] is not None and summ["best"].get("config"):
+        cfg = EngineConfig.from_dict(summ["best"]["config"])
+        stored = store.save_best(s.device_name, s.model, cfg, summ["best"]["tok_per_s"],
+                                 source={"backend": s.backend, "study": s.study_name,
+                                         "storage": redact(s.storage_url), "trial": summ["best"]["number"]})
+    summ["stored"] = stored
+    summ["store"] = str(store.store_path())
+    dev = s.device if s.device is not None else {"name": s.device_name, "sms": s.sms, "simulated": True}
+    report_path = None
+    with RunStore(args.runs_dir).create("study", dev, extra={"study": s.study_name,
+                                                             "storage": redact(s.storage_url)}) as run:
+        try:
+            df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs",
+                                               "datetime_start", "datetime_complete"))
+            for c in df.columns:
+                if df[c].dtype == object:
+                    df[c] = df[c].map(lambda v: v if v is None or isinstance(v, (str, int, float)) else
+                                      json.dumps(v, default=str))
+            run.write_table("trials", df)
+        except Exception as e:
+            run.note_error("trials", f"{type(e).__name__}: {e}")
+        run.write_json("summary", summ)
+        summ["run"] = str(run.path)
+        try:
+            from kog.reports.tuning import render_study_report  # the reports helper's (may not exist yet)
+        except Exception:
+            render_study_report = None
+        if render_study_report is not None:
+            try:
+                report_path = render_study_report(run.path) if len(
+                    inspect.signature(render_study_report).parameters) == 1 else render_study_report(study, run.path)
+            except Exception as e:
+                run.note_error("report", f"{type(e).__name__}: {e}")
+    if args.json:
+        print(json.dumps({**summ, "report": str(report_path) if report_path else None}, default=str))
+    else:
+        b = summ["best"]
+        st = ", ".join(f"{k.lower()} {v}" for k, v in summ["states"].items())
+        print(f"study {s.study_name} ({summ['storage']}): {summ['trials']} trials ({st})")
+        if b:
+            print(f"best: {b['tok_per_s']:.1f} tok/s{' (simulated)' if s.backend == 'sim' else ''} "
+                  f"trial {b['number']}: {json.dumps(b['params'])}")
+            print(f"stored in {summ['store']}" if stored else "not stored: an equal or better config is stored")
+        print(f"run: {summ['run']}")
+        if report_path:
+            print(str(report_path))
+    return 0 if summ["best"] is not None else 1

@@ -1,0 +1,119 @@
+"""The search space: Optuna define-by-run over EngineConfig's knobs, with constraints checked before launch.
+
+Choices are fixed per (model, device) so a study keeps one distribution per parameter across runs and
+hosts; choices a model cannot use (a tile that does not divide a phase's rows) stay in the list and are
+rejected by EngineConfig.validate() before any launch (the trial is PRUNED with its reason in the user
+attribute 'fail_reason'). sync_rows is only sampled in targeted mode (grid mode has no counters).
+The "topology" mapping is offered when this device has a kogprobe scan (its CTA->SM placement and
+bandwidth-vs-SMs table are what the mapping is built from). Tensor parallelism is out of scope (one GPU
+per engine); --workers parallelises the search, not the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kog.engine.config import ModelConfig, PRESETS, preset
+from kog.engine.engine_config import MAPPINGS, SYNC_MODES, EngineConfig
+
+BN_CHOICES = (1, 2, 4, 8, 16, 32)
+BLOCK_K_CHOICES = (256, 512, 1024, 2048, 4096)
+WARPS_CHOICES = (2, 4, 8)
+CTAS_CHOICES = (1, 2, 3, 4, 5, 6, 8)
+SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 4096)
+ATTN_BLOCK_CHOICES = (32, 64, 128)
+PHASES = ("qkv", "o", "gate_up", "down", "lm")
+
+
+class Infeasible(Exception):
+    """A config that cannot run (constraint, residency): rejected before any launch."""
+
+
+@dataclass
+class Space:
+    """Per-study choice lists; `suggest(trial)` builds an EngineConfig from an Optuna trial."""
+    mappings: tuple[str, ...] = MAPPINGS
+    modes: tuple[str, ...] = SYNC_MODES
+    ctas: tuple[int, ...] = CTAS_CHOICES
+    warps: tuple[int, ...] = WARPS_CHOICES
+    block_k: tuple[int, ...] = BLOCK_K_CHOICES
+    bn: dict[str, tuple[int, ...]] = field(default_factory=lambda: {p: BN_CHOICES for p in PHASES})
+    sync_rows: tuple[int, ...] = SYNC_ROWS_CHOICES
+    prefetch: tuple[int, ...] = (0, 1)
+    attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
+
+    def suggest(self, trial) -> EngineConfig:
+        mode = trial.suggest_categorical("mode", list(self.modes))
+        kw: dict[str, Any] = {
+            "mode": mode,
+            "ctas_per_sm": trial.suggest_categorical("ctas_per_sm", list(self.ctas)),
+            "num_warps": trial.suggest_categorical("num_warps", list(self.warps)),
+            "block_k": trial.suggest_categorical("block_k", list(self.block_k)),
+        }
+        for ph in PHASES:
+            kw["bn_" + ph] = trial.suggest_categorical("bn_" + ph, list(self.bn[ph]))
+        kw["sync_rows"] = trial.suggest_categorical("sync_rows", list(self.sync_rows)) if mode == "targeted" else 0
+        kw["prefetch"] = trial.suggest_categorical("prefetch", list(self.prefetch))
+        kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
+        kw["attn_block"] = trial.suggest_categorical("attn_block", list(self.attn_block))
+        return EngineConfig(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+        return dataclasses.asdict(self)
+
+
+def build_space(model: ModelConfig, has_scan: bool = True) -> Space:
+    """The space for `model`: bn choices that divide each phase's rows; topology only with a scan."""
+    rows = {"qkv": model.qkv_size, "o": model.hidden_size, "gate_up": model.intermediate_size,
+            "down": model.hidden_size, "lm": model.vocab_size}
+    bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0) or (1,) for ph in PHASES}
+    maps = MAPPINGS if has_scan else tuple(m for m in MAPPINGS if m != "topology")
+    return Space(mappings=maps, bn=bn)
+
+
+def resolve_model_config(spec: str) -> ModelConfig:
+    """A preset name or an HF checkpoint directory -> ModelConfig (ConfigError, one line, otherwise).
+    Reads only config.json: no weights, no torch for presets."""
+    if spec in PRESETS:
+        return preset(spec)
+    from pathlib import Path
+    if Path(spec).is_dir():
+        from kog.engine.weights import read_config
+        return read_config(spec)
+    return preset(spec)   # raises ConfigError naming the presets
+
+
+def hardware_max_ctas_per_sm(cfg: EngineConfig, threads_per_sm: int = 2048) -> int:
+    return max(1, min(8, threads_per_sm // (32 * cfg.num_warps)))
+
+
+def residency_fn(backend: str) -> Callable[[ModelConfig, EngineConfig], int]:
+    """How many CTAs of `cfg` fit on one SM: the engine's answer when it has one (compiled kernel's
+    registers and shared memory), the simulator's estimate for --backend sim, else the thread limit."""
+    if backend == "sim":
+        from kog.tune.simulator import max_ctas_per_sm
+        return lambda m, c: max_ctas_per_sm(c, m)
+    try:
+        from kog.engine.monokernel import max_ctas_per_sm as eng  # type: ignore[attr-defined]
+        return eng
+    except Exception:
+        return lambda m, c: hardware_max_ctas_per_sm(c)
+
+
+def check(cfg: EngineConfig, model: ModelConfig, sms: int,
+          max_ctas: Callable[[ModelConfig, EngineConfig], int] | None = None) -> EngineConfig:
+    """Raise Infeasible naming the first impossible choice; no launch happens for a rejected config."""
+    from kog.engine.config import ConfigError
+    mc = max_ctas(model, cfg) if max_ctas is not None else None
+    try:
+        cfg.validate(model, sms, mc)
+    except ConfigError as e:
+        raise Infeasible(str(e)) from None
+    return cfg
+
+
+def config_from_params(params: dict[str, Any]) -> EngineConfig:
+    """An EngineConfig from trial params (missing knobs keep their defaults: sync_rows in grid mode)."""
+    names = set(EngineConfig.__dataclass_fields__)
+    return EngineConfig(**{k: v for k, v in params.items() if k in names})

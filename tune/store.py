@@ -1,0 +1,121 @@
+"""Tuned-config store: the best EngineConfig per (device, model shape, dtype, kog version), one JSON file.
+
+Location: $KOG_TUNED_DIR/tuned.json, else ~/.cache/kog/tuned.json. The engine and `kogtune bench` call
+`best_config(device_name, model_cfg)`; `kogtune show` lists the entries. Writes are atomic (temp + rename).
+The shape signature covers every field that changes the kernel's work (not the model's name), so a
+checkpoint and the preset of the same architecture share their tuned config.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kog.engine.config import ModelConfig
+from kog.engine.engine_config import EngineConfig
+
+SHAPE_FIELDS = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "attention_bias", "qk_norm", "tie_word_embeddings")
+
+
+def store_path() -> Path:
+    d = os.environ.get("KOG_TUNED_DIR")
+    return (Path(d) if d else Path.home() / ".cache" / "kog") / "tuned.json"
+
+
+def kog_version() -> str:
+    try:
+        from kog.probe import __version__
+        return str(__version__)
+    except Exception:
+        return "0"
+
+
+def shape_signature(model: ModelConfig) -> str:
+    d = {k: getattr(model, k) for k in SHAPE_FIELDS}
+    h = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{model.arch}-h{model.hidden_size}-i{model.intermediate_size}-l{model.num_layers}-{h}"
+
+
+def entry_key(device_name: str, model: ModelConfig, version: str | None = None) -> str:
+    return "|".join([device_name, shape_signature(model), model.dtype, version or kog_version()])
+
+
+def _load(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {"format": "kog-tuned", "entries": {}}
+    try:
+        d = json.loads(path.read_text())
+        if not isinstance(d, dict) or not isinstance(d.get("entries"), dict):
+            raise ValueError("no entries")
+        return d
+    except Exception:
+        # A corrupt store must not break the engine: behave as empty (the next save rewrites it).
+        return {"format": "kog-tuned", "entries": {}}
+
+
+def save_best(device_name: str, model: ModelConfig, cfg: EngineConfig, tok_per_s: float,
+              source: dict[str, Any] | None = None, only_if_better: bool = True) -> bool:
+    """Store `cfg` for this key (kept if an equal-or-better one is stored already). True if written."""
+    from kog.reports.runstore import atomic_write_json
+    import datetime as _dt
+    path = store_path()
+    d = _load(path)
+    key = entry_key(device_name, model)
+    old = d["entries"].get(key)
+    if only_if_better and old:
+        ob, nb = old.get("source", {}).get("backend"), (source or {}).get("backend")
+        if ob == "gpu" and nb != "gpu":
+            return False          # a prediction never replaces a measurement
+        if ob == nb and old.get("tok_per_s", 0) >= tok_per_s:
+            return False
+    d["entries"][key] = {
+        "device": device_name, "model": model.name, "shape": shape_signature(model), "dtype": model.dtype,
+        "kog_version": kog_version(), "tok_per_s": float(tok_per_s), "config": cfg.to_dict(),
+        "source": source or {}, "saved": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    atomic_write_json(path, d)
+    return True
+
+
+def best_config(device_name: str, model_cfg: ModelConfig, include_simulated: bool = False) -> EngineConfig | None:
+    """The stored config for this device and model shape, or None. Simulated results are not used by the
+    engine unless asked (a prediction is not a measurement)."""
+    e = _load(store_path())["entries"].get(entry_key(device_name, model_cfg))
+    if not e:
+        return None
+    if e.get("source", {}).get("backend") == "sim" and not include_simulated:
+        return None
+    try:
+        return EngineConfig.from_dict(e["config"])
+    except Exception:
+        return None
+
+
+def entries() -> list[dict[str, Any]]:
+    return list(_load(store_path())["entries"].values())
+
+
+def cli_show(args) -> int:
+    es = entries()
+    if getattr(args, "json", False):
+        print(json.dumps({"store": str(store_path()), "entries": es}, indent=1))
+        return 0
+    if not es:
+        print(f"no tuned configs stored ({store_path()}); run `kogtune search`")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"tuned configs ({store_path()})")
+    for c in ("device", "model", "dtype", "kog", "tok/s", "backend", "config"):
+        t.add_column(c)
+    for e in es:
+        cfg = e.get("config", {})
+        short = " ".join(f"{k}={v}" for k, v in cfg.items() if k != "max_spin")
+        t.add_row(e.get("device", "?"), f"{e.get('model')} ({e.get('shape')})", e.get("dtype", "?"),
+                  e.get("kog_version", "?"), f"{e.get('tok_per_s', 0):.1f}", e.get("source", {}).get("backend", "?"),
+                  short)
+    Console(width=200).print(t)
+    return 0
