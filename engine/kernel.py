@@ -235,7 +235,7 @@ def monokernel(
     # weights and model data
     w_ptr, woff_ptr, small_ptr, soff_ptr, embed_ptr, cos_ptr, sin_ptr, cache_ptr,
     # activations (fp32) and outputs
-    act_ptr, aoff_ptr, logits_ptr, partial_v_ptr, partial_i_ptr, out_ptr, forced_ptr, eos_ptr, n_eos,
+    act_ptr, aoff_ptr, logits_ptr, write_logits, partial_v_ptr, partial_i_ptr, out_ptr, forced_ptr, eos_ptr, n_eos,
     # the plan
     tasks_ptr, cta_start_ptr, layout_ptr, rpc_ptr, tgt_ptr, cnt_ptr, dummy_base, smid_tab_ptr, use_smid,
     # sync, errors, trace
@@ -249,7 +249,7 @@ def monokernel(
     # tiling and modes
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, GPOW: tl.constexpr,
-    MODE: tl.constexpr, PREFETCH: tl.constexpr, SAMPLE: tl.constexpr, WRITE_LOGITS: tl.constexpr,
+    MODE: tl.constexpr, PREFETCH: tl.constexpr, SAMPLE: tl.constexpr,
     TRACE: tl.constexpr, VENDOR: tl.constexpr, FILTER_ITERS: tl.constexpr,
 ):
     QS: tl.constexpr = (NKV * G) * HD
@@ -372,7 +372,7 @@ def monokernel(
                                             tl.load(rpc_ptr + 4), t1, sync_ptr, err_ptr, max_spin, ti,
                                             BN_LM, BK, WAIT, PF, TRACE, VENDOR)
                     lg = acc * (1.0 / tl.sqrt(ss / H + eps))
-                    if WRITE_LOGITS:
+                    if write_logits != 0:
                         tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
                     if SAMPLE == 2:
                         sc = lg * inv_temp

@@ -159,7 +159,7 @@ class Monokernel:
         g = cfg.num_heads // cfg.num_kv_heads
         window = getattr(cfg, "sliding_window", None) or 0
         args = (self.wbuf, self.woff, self.small, self.soff, self.embed, self.cos, self.sin, self.ref.cache,
-                self.act, self.aoff, logits, self.partial_v, self.partial_i, out, forced_t, self.eos, self.n_eos,
+                self.act, self.aoff, logits, 1 if write_logits else 0, self.partial_v, self.partial_i, out, forced_t, self.eos, self.n_eos,
                 self.tasks, self.cta_start, self.layout, self.rpc, self.target, self.cnt, self.dummy_base,
                 self.smid_tab, 1 if e.mapping == "topology" else 0,
                 self.sync, self.err, self.trace, self.trace_tokens if trace else 0, self.trace_cap,
@@ -171,7 +171,7 @@ class Monokernel:
                     HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
-                    PREFETCH=e.prefetch, SAMPLE=mode, WRITE_LOGITS=bool(write_logits), TRACE=bool(trace),
+                    PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
                     VENDOR=self.vendor, FILTER_ITERS=24, num_warps=e.num_warps)
         if self.vendor != INTERPRET:
             meta["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
@@ -299,3 +299,67 @@ def precompile(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> None:
     from kog.engine.weights import random_weights
     w = random_weights(model_cfg, device="cuda", seed=0)
     Monokernel(model_cfg, w, engine_cfg, max_seq=64).generate([1, 2], 1)
+
+
+# ---- bench systems: kog-targeted / kog-grid ---------------------------------------------------------------
+
+class KogSystem:
+    """The monokernel as a `kogtune bench` system (EOS ignored, greedy, tuned config when one is stored)."""
+
+    def __init__(self, cfg: ModelConfig, weights, device, mode: str, ecfg: EngineConfig | None = None):
+        self.cfg, self.weights, self.device = cfg, weights, device
+        self.ecfg = (ecfg or _default_config(cfg, device)).replace(mode=mode)
+        self.mk: Monokernel | None = None
+        self._last_prompt: list[int] | None = None
+
+    def _engine(self, need: int) -> Monokernel:
+        if self.mk is None or self.mk.max_seq < need:
+            self.mk = Monokernel(self.cfg, self.weights, self.ecfg, self.device, max_seq=max(need, 64),
+                                 trace_tokens=8)
+            self.mk.n_eos = 0
+        return self.mk
+
+    def generate(self, prompt_ids, n: int):
+        prompt = list(prompt_ids)
+        self._last_prompt = prompt
+        return self._engine(len(prompt) + n + 1).generate(prompt, n)
+
+    def teacher_forced_logits(self, prompt_ids, forced_ids):
+        return self._engine(len(prompt_ids) + len(forced_ids) + 1).teacher_forced_logits(prompt_ids, forced_ids)
+
+    def breakdown(self) -> dict[str, Any]:
+        mk = self._engine(len(self._last_prompt or [1]) + 64)
+        b = mk.breakdown(self._last_prompt or [1, 2, 3, 4], n=48)
+        self.trace_table = b.pop("table", None)
+        phases = b.pop("phases", {})
+        out = {k: b[k] for k in ("streaming", "waiting", "barrier", "other")}
+        out["seconds_per_token_traced"] = b["seconds_per_token"]
+        out["phases"] = phases
+        out["compile_seconds"] = mk.compile_seconds
+        return out
+
+
+def _default_config(cfg: ModelConfig, device) -> EngineConfig:
+    """The tuned config stored for this GPU and model shape, else the built-in default."""
+    try:
+        import torch as _t
+        from kog.tune.store import best_config
+        name = _t.cuda.get_device_name(device) if _t.cuda.is_available() else "cpu"
+        best = best_config(name, cfg)
+        if best is not None:
+            return best
+    except Exception:
+        pass
+    return EngineConfig()
+
+
+def _register() -> None:
+    try:
+        from kog.engine.bench import register_system
+    except Exception:
+        return
+    register_system("kog-targeted", lambda cfg, w, dev: KogSystem(cfg, w, dev, "targeted"))
+    register_system("kog-grid", lambda cfg, w, dev: KogSystem(cfg, w, dev, "grid"))
+
+
+_register()

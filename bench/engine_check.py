@@ -1,0 +1,171 @@
+"""Device script: the monokernel on the H200: correctness on small configs of every architecture, then
+llama-3.2-1b in both sync modes (compile time, teacher-forced error, greedy agreement, tok/s, breakdown)
+and a small tiling sweep. Writes $OUT/engine_check.json as it goes (partial results survive a timeout).
+
+python3 bench/engine_check.py [--quick]
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+from kog.engine.config import PRESETS
+from kog.engine.engine_config import EngineConfig
+from kog.engine.monokernel import Monokernel
+from kog.engine.reference import Reference
+from kog.engine.weights import random_weights
+
+OUT = os.environ.get("OUT", "/tmp")
+R: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__}
+
+
+def save():
+    with open(f"{OUT}/engine_check.json", "w") as f:
+        json.dump(R, f, indent=1, default=str)
+
+
+def section(name):
+    def deco(fn):
+        t0 = time.time()
+        try:
+            R[name] = fn()
+        except Exception as e:
+            R[name] = {"error": repr(e)[:2000], "tb": traceback.format_exc()[-3000:]}
+        R[name + "_s"] = round(time.time() - t0, 1)
+        print(name, json.dumps(R[name], default=str)[:1500], flush=True)
+        save()
+    return deco
+
+
+def rel_err(a, b):
+    return float(((a.float() - b.float()).abs().max(dim=-1).values / b.float().abs().max(dim=-1).values).max())
+
+
+def check(cfg, ecfg, n=8, prompt=None):
+    w = random_weights(cfg, "cuda", seed=1)
+    prompt = prompt or list(range(3, 3 + 12))
+    ref = Reference(cfg, w, 128)
+    rt = ref.greedy(prompt, n)
+    rl = Reference(cfg, w, 128).teacher_forced_logits(prompt, rt)
+    mk = Monokernel(cfg, w, ecfg, max_seq=128)
+    mk.n_eos = 0
+    ml = mk.teacher_forced_logits(prompt, rt)
+    toks, _ = mk.generate(prompt, n)
+    return {"rel_err": rel_err(ml, rl), "tokens_equal": toks == rt, "ref": rt, "mk": toks,
+            "compile_s": mk.compile_seconds}
+
+
+@section("small")
+def _():
+    out = {}
+    base = PRESETS["tiny"]
+    variants = {
+        "llama-tiny": base.replace(hidden_size=256, intermediate_size=512, num_heads=8, num_kv_heads=2, head_dim=32,
+                                   vocab_size=1024, num_layers=2),
+        "qwen2-tiny": base.replace(arch="qwen2", attention_bias=True, hidden_size=256, intermediate_size=384,
+                                   num_heads=6, num_kv_heads=2, head_dim=64, vocab_size=1024),
+        "qwen3-tiny": base.replace(arch="qwen3", qk_norm=True, hidden_size=256, intermediate_size=512, num_heads=4,
+                                   num_kv_heads=2, head_dim=64, vocab_size=1024),
+    }
+    e = EngineConfig(block_k=128, bn_qkv=4, bn_o=4, bn_gate_up=4, bn_down=4, bn_lm=8, ctas_per_sm=2)
+    for name, cfg in variants.items():
+        for mode in ("targeted", "grid"):
+            out[f"{name}/{mode}"] = check(cfg, e.replace(mode=mode))
+    return out
+
+
+W1B = {}
+
+
+def llama_1b():
+    if not W1B:
+        cfg = PRESETS["llama-3.2-1b"]
+        W1B["cfg"], W1B["w"] = cfg, random_weights(cfg, "cuda", seed=0)
+    return W1B["cfg"], W1B["w"]
+
+
+def copy_GBps():
+    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+    for _ in range(3): b.copy_(a)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record(); b.copy_(a); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+    return 2 * a.numel() / statistics.median(ts) / 1e6
+
+
+@section("copy")
+def _():
+    return {"GBps": copy_GBps()}
+
+
+def perf(ecfg, n=512, repeats=3, trace=True):
+    cfg, w = llama_1b()
+    prompt = list(range(100, 164))
+    mk = Monokernel(cfg, w, ecfg, max_seq=640, trace_tokens=8 if trace else 0)
+    mk.n_eos = 0
+    rates = []
+    for _ in range(repeats):
+        toks, dt = mk.generate(prompt, n)
+        rates.append(len(toks) / dt)
+    res = {"tok_s": statistics.median(rates), "runs": rates, "compile_s": mk.compile_seconds,
+           "limit_pct": statistics.median(rates) / (R["copy"]["GBps"] * 1e9 / cfg.weight_bytes_per_token()) * 100}
+    if trace:
+        b = mk.breakdown(prompt, n=32)
+        b.pop("table", None)
+        res["breakdown"] = b
+    return res
+
+
+@section("llama1b_correct")
+def _():
+    cfg, w = llama_1b()
+    out = {}
+    prompt = list(range(100, 164))
+    ref = Reference(cfg, w, 640)
+    rt = ref.greedy(prompt, 32)
+    rl = Reference(cfg, w, 640).teacher_forced_logits(prompt, rt)
+    for mode in ("targeted", "grid"):
+        mk = Monokernel(cfg, w, EngineConfig(mode=mode), max_seq=640)
+        mk.n_eos = 0
+        ml = mk.teacher_forced_logits(prompt, rt)
+        toks, _ = mk.generate(prompt, 32)
+        first = next((i for i, (a, b) in enumerate(zip(toks, rt)) if a != b), None)
+        out[mode] = {"rel_err": rel_err(ml, rl), "first_divergence": first, "compile_s": mk.compile_seconds}
+    return out
+
+
+@section("llama1b_perf")
+def _():
+    return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
+
+
+@section("sweep")
+def _():
+    if "--quick" in sys.argv:
+        return {}
+    out = {}
+    grid = [dict(ctas_per_sm=c, bn_qkv=b, bn_o=b, bn_gate_up=b, bn_down=b, block_k=k)
+            for c, b, k in [(2, 4, 2048), (4, 2, 2048), (4, 4, 1024), (3, 4, 2048), (4, 8, 1024), (2, 8, 2048)]]
+    for g in grid:
+        key = ",".join(f"{k}={v}" for k, v in g.items())
+        try:
+            out[key] = perf(EngineConfig(**g), n=256, repeats=3, trace=False)
+        except Exception as e:
+            out[key] = {"error": repr(e)[:500]}
+        print(key, out[key], flush=True)
+        save()
+    return out
+
+
+print("SUMMARY", json.dumps({k: R[k] for k in ("copy", "llama1b_correct")}, default=str))
+for m, v in (R.get("llama1b_perf") or {}).items():
+    if isinstance(v, dict):
+        print(m, round(v.get("tok_s", 0)), "tok/s", round(v.get("limit_pct", 0), 1), "% of limit")
