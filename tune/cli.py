@@ -68,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--compare", default=None, metavar="RUN2")
     r.add_argument("-o", "--output", default=None)
 
+    rp = sub.add_parser("replay", help="replay samplers against a recorded exhaustive sweep table",
+                        description="Look results up in SWEEP (Parquet/CSV: config columns -> tok_per_s) instead "
+                                    "of measuring; prints, last, the median evaluations to within 2% of best.")
+    rp.add_argument("sweep", metavar="SWEEP")
+    rp.add_argument("--seeds", type=int, default=10)
+    rp.add_argument("--sampler", choices=["tpe", "gp", "cmaes", "random"], default="tpe")
+    rp.add_argument("--compare", default="random", help="comma-separated samplers to report beside it")
+    rp.add_argument("--json", action="store_true")
+
     sh = sub.add_parser("show", help="list tuned configurations stored for this machine")
     sh.add_argument("--json", action="store_true")
     return p
@@ -95,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         return import_command("kog.engine.generate", "cli_generate", "kogtune generate")(args)
     if args.cmd == "report":
         return import_command("kog.reports.cli", "cli_tune_report", "kogtune report")(args)
+    if args.cmd == "replay":
+        from kog.tune.replay import cli_replay
+        return cli_replay(args)
     if args.cmd == "show":
         return import_command("kog.tune.store", "cli_show", "kogtune show")(args)
     parser.error(f"unknown command {args.cmd}")

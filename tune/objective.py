@@ -128,6 +128,16 @@ class Objective:
         self.space = ctx.space or build_space(ctx.model, has_scan=True)
         self.max_ctas = residency_fn(ctx.backend)
 
+    def _same_config(self, trial):
+        """A finished trial of this study with the same params (COMPLETE, or FAIL other than a hang)."""
+        import optuna
+        TS = optuna.trial.TrialState
+        for t in trial.study.get_trials(deepcopy=False, states=(TS.COMPLETE, TS.FAIL)):
+            if t.number != trial.number and t.params == trial.params and (
+                    t.state == TS.COMPLETE or t.user_attrs.get("fail_kind") not in (None, "hang")):
+                return t
+        return None
+
     def __call__(self, trial) -> float:
         import optuna
         from kog.tune.space import Infeasible, check
@@ -138,6 +148,15 @@ class Objective:
         except Infeasible as e:
             trial.set_user_attr("fail_reason", f"invalid: {e}")
             raise optuna.TrialPruned(f"invalid: {e}") from None
+        prev = self._same_config(trial)
+        if prev is not None:      # measured already (another worker, an earlier run): no new launch
+            if prev.state == optuna.trial.TrialState.COMPLETE:
+                trial.set_user_attr("reused_from", prev.number)
+                return float(prev.value)
+            reason = f"same config failed in trial {prev.number}: {prev.user_attrs.get('fail_reason', '')}"
+            trial.set_user_attr("fail_reason", reason[:500])
+            trial.set_user_attr("fail_kind", prev.user_attrs.get("fail_kind", "error"))
+            raise TrialFailed(reason)
         payload = {"model": self.ctx.model_spec, "config": cfg.to_dict(), "scan": self.ctx.scan_path,
                    **self.ctx.payload_extra}
 
@@ -156,7 +175,7 @@ class Objective:
             trial.set_user_attr("fail_reason", out.reason)
             trial.set_user_attr("fail_kind", out.status)
             raise TrialFailed(out.reason)
-        for k in ("breakdown", "max_rel_err", "simulated"):
+        for k in ("breakdown", "max_rel_err", "simulated", "runs"):
             if k in out.data:
                 trial.set_user_attr(k, out.data[k])
         return float(out.value)

@@ -31,7 +31,8 @@ def quiet_optuna() -> None:
     import optuna
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # a failed trial is reported by kog with its reason; Optuna's per-trial tracebacks would bury it
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
 # ---- storage -------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def make_sampler(name: str, seed: int | None = None):
     quiet_optuna()
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                          n_startup_trials=10)
+                                          n_startup_trials=5)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
@@ -277,7 +278,6 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
     from optuna.study import MaxTrialsCallback
     from kog.tune.objective import Objective, TrialContext, TrialFailed
     from kog.tune.space import build_space
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(s.storage_url)
     wseed = None if seed is None else seed + worker_index
     study = open_study(s, storage, make_sampler(sampler_name, wseed), make_pruner())
@@ -371,7 +371,7 @@ def cli_search(args) -> int:
     import multiprocessing as mp
     import optuna
     from optuna.trial import TrialState
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_optuna()
     s = prepare(args)
     if args.trials < 1:
         raise UsageError("--trials must be >= 1")
