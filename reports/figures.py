@@ -245,10 +245,10 @@ def sync_costs(barrier: pd.DataFrame | None, flag: pd.DataFrame | None, atomics:
 
 
 def bandwidth_curve(bw: pd.DataFrame, saturate: int | None = None,
-                    others: Sequence[tuple[str, pd.DataFrame]] = ()):
+                    others: Sequence[tuple[str, pd.DataFrame]] = (), label: str = ""):
     fig = new_figure(9, 4.2)
     ax = fig.subplots()
-    series = [("", bw)] + list(others)
+    series = [(label, bw)] + list(others)
     styles = ("-", "--", ":")
     for si, (label, df) in enumerate(series):
         for i, (kind, g) in enumerate(df.groupby("kind", sort=False)):
@@ -351,16 +351,27 @@ def timeline(tl: pd.DataFrame, max_rows_per_panel: int = 200):
         rows = sorted(d["sm"].unique())[:max_rows_per_panel]
         pos = {sm: i for i, sm in enumerate(rows)}
         d = d[d["sm"].isin(pos)]
+        # one PolyCollection per kind: tens of thousands of spans as Rectangle artists (barh) would take
+        # seconds to draw; a collection draws them in one pass
+        from matplotlib.collections import PolyCollection
+        from matplotlib.patches import Patch
+        handles = []
         for kind, g in d.groupby("kind"):
-            y = g["sm"].map(pos).to_numpy()
-            ax.barh(y, (g["end_ns"] - g["start_ns"]).to_numpy() / 1e3, left=(g["start_ns"] - t0).to_numpy() / 1e3,
-                    height=0.9, color=CATEGORY_COLORS.get(kind, "#5b6478"), label=kind, linewidth=0)
+            y = g["sm"].map(pos).to_numpy(dtype=float)
+            x0 = (g["start_ns"].to_numpy() - t0) / 1e3
+            x1 = (g["end_ns"].to_numpy() - t0) / 1e3
+            verts = np.stack([np.stack([x0, y - 0.5], 1), np.stack([x1, y - 0.5], 1),
+                              np.stack([x1, y + 0.5], 1), np.stack([x0, y + 0.5], 1)], 1)
+            color = CATEGORY_COLORS.get(kind, "#5b6478")
+            ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
+            handles.append(Patch(color=color, label=str(kind)))
+        ax.set_xlim(0, (d["end_ns"].max() - t0) / 1e3 * 1.01)
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_ylabel("SM")
         step = max(1, len(rows) // 12)
         ax.set_yticks(range(0, len(rows), step), [str(rows[i]) for i in range(0, len(rows), step)], fontsize=7)
         ax.set_title(f"{sysname}" if sysname else "instrumented run", fontsize=10)
-        ax.legend(fontsize=8, loc="upper right", ncols=4)
+        ax.legend(handles=handles, fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=4, frameon=False)
     axes[-1].set_xlabel("time (us)")
     return fig
 

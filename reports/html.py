@@ -67,6 +67,12 @@ class Section:
         self.blocks.append(Block("figure", embed_figure(fig, alt, caption, fmt)))
         return self
 
+    def cells(self, columns: list[str], rows: list[list[tuple[Any, str]]], caption: str | None = None) -> "Section":
+        """A table whose cells carry a CSS class (e.g. 'changed-up'): rendered by the template, so every
+        cell and header is autoescaped."""
+        self.blocks.append(Block("cells", {"columns": columns, "rows": rows, "caption": caption}))
+        return self
+
     def link(self, href: str, text: str) -> "Section":
         self.blocks.append(Block("link", {"href": href, "text": text}))
         return self
@@ -102,6 +108,8 @@ def df_html(df, float_format: str = "{:,.4g}", max_rows: int = 60, index: bool =
     are cut to `max_rows` with a final line saying how many rows were left out."""
     n = len(df)
     shown = df.head(max_rows) if n > max_rows else df
+    # None in an object column prints as "None"; NaN prints as na_rep
+    shown = shown.astype(object).where(shown.notna(), float("nan")) if len(shown) else shown
     html = shown.to_html(index=index, escape=True, border=0, classes="data", na_rep="–",
                          float_format=lambda x: float_format.format(x))
     if n > max_rows:

@@ -70,6 +70,9 @@ def _partition_series(run, summary) -> pd.Series | None:
 
 
 def _comparison_frame(comp) -> pd.DataFrame | None:
+    """summary.json's `comparison` (a list of rows or a {figure: row} dict) as one frame with columns
+    figure, ours, published, ratio, gap, note. Accepts both spellings the scan may use: published/note
+    or theirs (a value or a [lo, hi] range)/source/explanation."""
     if not comp:
         return None
     if isinstance(comp, dict):
@@ -78,15 +81,26 @@ def _comparison_frame(comp) -> pd.DataFrame | None:
         rows = [r for r in comp if isinstance(r, dict)]
     if not rows:
         return None
-    df = pd.DataFrame(rows)
-    for c in ("figure", "ours", "published", "ratio", "note"):
-        if c not in df:
-            df[c] = None
-    if df["ratio"].isna().all():
-        ours = pd.to_numeric(df["ours"], errors="coerce")
-        pub = pd.to_numeric(df["published"], errors="coerce")
-        df["ratio"] = ours / pub
-    return df[["figure", "ours", "published", "ratio", "note"]]
+    out = []
+    for r in rows:
+        pub = r.get("published", r.get("theirs"))
+        lo_hi = pub if isinstance(pub, (list, tuple)) and len(pub) == 2 else None
+        mid = (float(lo_hi[0]) + float(lo_hi[1])) / 2 if lo_hi else pub
+        ours = r.get("ours")
+        ratio = r.get("ratio")
+        if ratio is None and isinstance(ours, (int, float)) and isinstance(mid, (int, float)) and mid:
+            ratio = ours / mid
+        gap = r.get("gap")
+        if gap is None and lo_hi and isinstance(ours, (int, float)):
+            lo, hi = map(float, lo_hi)
+            gap = 0.0 if lo <= ours <= hi else (ours - hi) / hi if ours > hi else (ours - lo) / lo
+        elif gap is None and isinstance(ratio, (int, float)):
+            gap = ratio - 1
+        note = " — ".join(str(x) for x in (r.get("note"), r.get("explanation"), r.get("source")) if x)
+        out.append({"figure": r.get("figure"), "ours": ours,
+                    "published": f"{lo_hi[0]}–{lo_hi[1]}" if lo_hi else pub, "ratio": ratio,
+                    "gap": gap, "note": note or None})
+    return pd.DataFrame(out)
 
 
 def scan_sections(run) -> list[Section]:
@@ -242,9 +256,10 @@ def scan_sections(run) -> list[Section]:
         def body():
             sec.p("Published Hopper microbenchmarks (H100/H800) and the anchors measured on the lent H200. A gap "
                   "over 30% is marked and needs the explanation in its note.")
-            ratio = pd.to_numeric(cmp["ratio"], errors="coerce")
+            gap = pd.to_numeric(cmp["gap"], errors="coerce")
             shown = cmp.copy()
-            shown["gap > 30%"] = ["yes" if abs(r - 1) > 0.3 else "" for r in ratio.fillna(1.0)]
+            shown["gap"] = [f"{g:+.0%}" if g == g else None for g in gap]
+            shown["gap > 30%"] = ["yes" if abs(g) > 0.3 else "" for g in gap.fillna(0.0)]
             sec.table(shown)
             far = shown[shown["gap > 30%"] == "yes"]
             if len(far):

@@ -1,0 +1,111 @@
+"""`kogprobe report` and `kogtune report`: pick the run (or the bundled H200 scan, or an Optuna study),
+render its report (or a comparison with --compare), print the output path last."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kog.probe.errors import KogError, UsageError
+
+
+def bundled_scan() -> Path:
+    """The scan recorded on the lent H200 that ships with kog (kog.probe.scan.bundled_scan_path)."""
+    try:
+        from kog.probe.scan import bundled_scan_path
+    except ImportError:
+        raise KogError("no bundled scan yet: this kog has no recorded H200 scan (kog.probe.scan.bundled_scan_path)") \
+            from None
+    try:
+        p = Path(bundled_scan_path())
+    except Exception as e:  # noqa: BLE001
+        raise KogError(f"no bundled scan yet: {e}") from None
+    if not (p / "meta.json").exists():
+        raise KogError(f"no bundled scan yet: {p} has no meta.json")
+    return p
+
+
+def _writable_dir(d: Path) -> bool:
+    return d.is_dir() and os.access(d, os.W_OK)
+
+
+def _default_out(run, name: str) -> Path:
+    """RUN/<name>, or ./<run dir name>-<name> when the run directory is read-only (the bundled scan
+    inside an installed package)."""
+    base = Path(run.path)
+    if base.is_file():
+        return base.with_name(f"{base.stem}-{name}") if _writable_dir(base.parent) else Path.cwd() / f"{base.stem}-{name}"
+    return base / name if _writable_dir(base) else Path.cwd() / f"{base.name}-{name}"
+
+
+def _open(path: str | Path):
+    p = Path(path)
+    if p.is_file() and p.suffix == ".json":
+        from kog.reports.engine_report import JsonBench
+        return JsonBench(p)
+    from kog.reports.runstore import open_run
+    return open_run(p)
+
+
+def render_run(run, out: str | Path | None = None) -> Path:
+    """The report of any run, by its kind."""
+    kind = run.kind
+    out = Path(out) if out else _default_out(run, "report.html")
+    if kind == "scan":
+        from kog.reports.topology import render_scan_report
+        return render_scan_report(run, out)
+    if kind == "bench":
+        from kog.reports.engine_report import render_bench_report
+        return render_bench_report(run, out)
+    if kind in ("study", "sweep"):
+        from kog.reports.tuning import render_study_report
+        return render_study_report(run, out)
+    raise UsageError(f"no report for {kind} runs: {run.path}")
+
+
+def _compare(run, other: str, out) -> Path:
+    from kog.reports.compare import render_compare
+    b = _open(other)
+    return render_compare(run, b, Path(out) if out else _default_out(run, "compare.html"))
+
+
+def cli_probe_report(args) -> int:
+    """kogprobe report [RUN] [--bundled] [--compare RUN2] [-o OUT]."""
+    if getattr(args, "bundled", False) or not getattr(args, "run", None):
+        if getattr(args, "run", None):
+            raise UsageError("give a RUN or --bundled, not both")
+        run = _open(bundled_scan())
+    else:
+        run = _open(args.run)
+    if run.kind != "scan":
+        raise UsageError(f"{run.path} is a {run.kind} run; `kogprobe report` renders scans "
+                         f"(use `kogtune report` for bench and study runs)")
+    out = getattr(args, "output", None)
+    path = _compare(run, args.compare, out) if getattr(args, "compare", None) else render_run(run, out)
+    print(path)
+    return 0
+
+
+def cli_tune_report(args) -> int:
+    """kogtune report RUN | --study NAME --storage URL [--compare RUN2] [-o OUT]; dispatches on the run's
+    kind (bench -> engine report, study -> tuning report, scan -> topology report)."""
+    out = getattr(args, "output", None)
+    if getattr(args, "study", None) or (getattr(args, "storage", None) and not getattr(args, "run", None)):
+        if not args.storage:
+            raise UsageError("--study needs --storage URL (e.g. sqlite:///runs/.../study.db)")
+        from kog.reports.tuning import load_study, render_study_report
+        study = load_study(args.study, args.storage)
+        path = render_study_report(study, Path(out) if out else Path.cwd() / f"{study.study_name}-report.html")
+        print(path)
+        return 0
+    if not getattr(args, "run", None):
+        raise UsageError("give a RUN directory (a bench or study run), a bench JSON file, or --study NAME --storage URL")
+    run = _open(args.run)
+    if getattr(args, "compare", None):
+        path = _compare(run, args.compare, out)
+    elif run.kind in ("study", "sweep") and getattr(args, "storage", None):
+        from kog.reports.tuning import render_study_report
+        path = render_study_report(run, Path(out) if out else _default_out(run, "report.html"), storage=args.storage)
+    else:
+        path = render_run(run, out)
+    print(path)
+    return 0

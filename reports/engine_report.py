@@ -1,0 +1,271 @@
+"""The engine report of a bench run: every system's tok/s against the bandwidth limit, where a token's
+time goes (streaming / waiting / barrier / other) in grid-sync vs targeted-wait mode, a per-SM timeline
+of an instrumented run, the share of token time lost to grid sync (the published monokernel system
+measured 35% on standard stacks), and a Chrome-trace JSON beside the HTML for Perfetto.
+
+Inputs: bench.json (the document `kogtune bench --json` writes), optional tables `breakdown`
+[system, phase, category, seconds_per_token] and `timeline` [cta, sm, task, phase, kind, start_ns, end_ns]
+(+ optional 'system'). A committed bench JSON file (bench/h200/<preset>.json) renders too.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kog.probe.errors import UsageError
+from kog.reports import figures as F
+from kog.reports.html import Section, error_for, render_page
+
+PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
+CATEGORIES = ("streaming", "waiting", "barrier", "other")
+BENCH_JSON_NAMES = ("bench", "results", "summary")
+
+
+class JsonBench:
+    """A bench JSON file outside any run directory, read like a run that has only its document."""
+
+    kind = "bench"
+    status = "complete"
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.doc = json.loads(self.path.read_text())
+        except Exception as e:
+            raise UsageError(f"not a readable bench JSON: {self.path} ({e})") from None
+        if not isinstance(self.doc, dict) or "systems" not in self.doc:
+            raise UsageError(f"not a bench JSON: {self.path} has no 'systems'")
+        self.meta = {"kind": "bench", "device": {"name": self.doc.get("device")},
+                     "git_commit": self.doc.get("git_commit"), "started": self.doc.get("date")}
+
+    def has_table(self, name: str) -> bool:
+        return False
+
+    def has_json(self, name: str) -> bool:
+        return name == "bench"
+
+    def json(self, name: str):
+        return self.doc
+
+
+def bench_document(run) -> dict[str, Any] | None:
+    for name in BENCH_JSON_NAMES:
+        if run.has_json(name):
+            try:
+                d = run.json(name)
+            except Exception:
+                continue
+            if isinstance(d, dict) and isinstance(d.get("systems"), dict):
+                return d
+    return None
+
+
+def _table(run, name: str) -> pd.DataFrame | None:
+    if not run.has_table(name):
+        return None
+    try:
+        return run.table(name)
+    except Exception:
+        return None
+
+
+def _tps(s: Any) -> float:
+    try:
+        return float(s.get("tok_per_s")) if isinstance(s, dict) else float("nan")
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def system_breakdowns(doc: dict[str, Any] | None, bd: pd.DataFrame | None) -> dict[str, dict[str, float]]:
+    """Seconds per token per category for each system: bench.json's per-system breakdown, else the sum
+    of the per-phase table."""
+    out: dict[str, dict[str, float]] = {}
+    for name, s in ((doc or {}).get("systems") or {}).items():
+        b = s.get("breakdown") if isinstance(s, dict) else None
+        if isinstance(b, dict) and b:
+            out[name] = {k: float(v) for k, v in b.items() if isinstance(v, (int, float))}
+    if bd is not None and {"system", "category", "seconds_per_token"} <= set(bd.columns):
+        for name, g in bd.groupby("system", sort=False):
+            out.setdefault(str(name), g.groupby("category")["seconds_per_token"].sum().to_dict())
+    return out
+
+
+def write_chrome_trace(tl: pd.DataFrame, path: Path, system: str | None = None) -> Path:
+    """Trace-event JSON (Perfetto / chrome://tracing): one complete ('X') event per timeline row,
+    pid = SM, tid = CTA, times in microseconds from the first stamp."""
+    from kog.reports.runstore import atomic_write_bytes
+    t0 = int(tl["start_ns"].min()) if len(tl) else 0
+    events: list[dict[str, Any]] = []
+    for sm in sorted(tl["sm"].unique()):
+        events.append({"name": "process_name", "ph": "M", "pid": int(sm), "args": {"name": f"SM {int(sm)}"}})
+    cols = [c for c in ("cta", "sm", "task", "phase", "kind", "start_ns", "end_ns") if c in tl]
+    for r in tl[cols].itertuples(index=False):
+        d = r._asdict()
+        events.append({"name": str(d.get("phase", d.get("kind"))), "cat": str(d.get("kind", "")), "ph": "X",
+                       "ts": (int(d["start_ns"]) - t0) / 1e3, "dur": max(int(d["end_ns"]) - int(d["start_ns"]), 0) / 1e3,
+                       "pid": int(d["sm"]), "tid": int(d["cta"]),
+                       "args": {"task": int(d["task"]) if "task" in d else None, "kind": str(d.get("kind"))}})
+    doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"producer": "kog", "system": system}}
+    atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode())
+    return path
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "trace"
+
+
+def bench_sections(run, out: Path) -> list[Section]:
+    doc = bench_document(run)
+    bd = _table(run, "breakdown")
+    tl = _table(run, "timeline")
+    sections: list[Section] = []
+    systems: dict[str, Any] = (doc or {}).get("systems") or {}
+    limit = (doc or {}).get("limit_tok_per_s")
+    if not limit and doc and doc.get("copy_GBps") and doc.get("weight_bytes_per_token"):
+        limit = doc["copy_GBps"] * 1e9 / doc["weight_bytes_per_token"]
+
+    sec = Section("overview", "Benchmark")
+    if doc is None:
+        sec.missing("bench.json: this run has no benchmark document (the bench did not finish).",
+                    error_for(run, "bench"))
+    else:
+        sec.kv({"model": doc.get("model"), "dtype": doc.get("dtype"), "prompt tokens": doc.get("prompt_tokens"),
+                "new tokens": doc.get("new_tokens"), "device": doc.get("device"), "date": doc.get("date"),
+                "git commit": doc.get("git_commit"),
+                "device copy (GB/s)": doc.get("copy_GBps"),
+                "weight bytes per token": doc.get("weight_bytes_per_token"),
+                "bandwidth limit (tok/s)": limit})
+        if doc.get("versions"):
+            sec.kv({f"{k}": v for k, v in doc["versions"].items()})
+    errs = run.meta.get("errors") or {}
+    if errs:
+        sec.note(f"{len(errs)} part(s) of the bench recorded an error: "
+                 + "; ".join(f"{k}: {v}" for k, v in errs.items()), "warn")
+    sections.append(sec)
+
+    sec = Section("throughput", "Tokens per second against the bandwidth limit")
+    if not systems:
+        sec.missing("no systems were measured (bench.json 'systems' is empty or missing).", error_for(run, "bench"))
+    else:
+        names = sorted(systems, key=lambda n: -(_tps(systems[n]) if _tps(systems[n]) == _tps(systems[n]) else -1))
+        tps = [_tps(systems[n]) for n in names]
+        sec.p("Batch-1 decode. The limit is the device-to-device copy bandwidth measured in the same run divided "
+              "by the bytes of weights every token must read.")
+        sec.figure(F.toks_vs_limit(names, [0.0 if v != v else v for v in tps], limit), "tokens per second by system")
+        base = _tps(systems.get("torch-compile", {}))
+        rows = []
+        for n, v in zip(names, tps):
+            s = systems[n] if isinstance(systems[n], dict) else {}
+            rows.append({"system": n, "tok/s": v, "% of limit": (100 * v / limit) if limit else None,
+                         "x torch-compile": (v / base) if base == base and base else None,
+                         "max rel err": s.get("max_rel_err"),
+                         "error": s.get("error") or error_for(run, n)})
+        table = pd.DataFrame(rows)
+        sec.table(table.dropna(axis=1, how="all"))
+    sections.append(sec)
+
+    per_system = system_breakdowns(doc, bd)
+    kog_systems = [n for n in ("kog-grid", "kog-targeted") if n in per_system] + \
+        [n for n in per_system if n not in ("kog-grid", "kog-targeted")]
+    sec = Section("breakdown", "Where a token's time goes: grid sync vs targeted wait")
+    if bd is not None and {"system", "phase", "category", "seconds_per_token"} <= set(bd.columns):
+        sec.p("Seconds per token in each phase, split into streaming weights, waiting for producers (targeted), "
+              "grid barriers and other work.")
+        try:
+            order = [n for n in ("kog-grid", "kog-targeted") if n in set(bd["system"])] + \
+                [n for n in dict.fromkeys(bd["system"]) if n not in ("kog-grid", "kog-targeted")]
+            sec.figure(F.stacked_breakdown(bd, "phase", order), "per-phase stacked bars by category")
+        except Exception as e:  # noqa: BLE001
+            sec.missing("the per-phase breakdown could not be drawn.", f"{type(e).__name__}: {e}")
+    else:
+        sec.missing("per-phase breakdown: this run has no 'breakdown' table; the per-system totals follow.",
+                    error_for(run, "breakdown", "instrument"))
+    if per_system:
+        long = pd.DataFrame([(n, c, v) for n in kog_systems for c, v in per_system[n].items()],
+                            columns=["system", "category", "seconds_per_token"])
+        sec.figure(F.stacked_breakdown(long, "system", kog_systems), "stacked time per token by system")
+        wide = long.pivot_table(index="system", columns="category", values="seconds_per_token", aggfunc="sum")
+        wide = (wide.reindex(kog_systems) * 1e6).add_suffix(" (us)")
+        wide["total (us)"] = wide.sum(axis=1)
+        wide.columns.name = None
+        sec.table(wide.reset_index())
+    else:
+        sec.missing("no system reports a time breakdown (bench.json systems[*].breakdown).",
+                    error_for(run, "breakdown"))
+    sections.append(sec)
+
+    sec = Section("sync-share", "Share of token time lost to grid synchronisation")
+    shares = []
+    for n in kog_systems:
+        b = per_system[n]
+        total = sum(b.values())
+        if total > 0:
+            shares.append((n, b.get("barrier", 0.0) / total, b.get("waiting", 0.0) / total))
+    if shares:
+        grid = dict((n, s) for n, s, _ in shares)
+        sec.figure(F.sync_share([(n, s) for n, s, _ in shares], PUBLISHED_GRID_SYNC_SHARE),
+                   "share of token time in grid barriers vs the published 35%")
+        if "kog-grid" in grid:
+            sec.note(f"On this GPU, grid barriers take {grid['kog-grid']:.1%} of kog-grid's token time; the published "
+                     f"monokernel system measured {PUBLISHED_GRID_SYNC_SHARE:.0%} on standard stacks.")
+        sec.table(pd.DataFrame([{"system": n, "barrier share": f"{s:.1%}", "waiting share": f"{w:.1%}"}
+                                for n, s, w in shares]))
+    else:
+        sec.missing("no breakdown to compute the grid-sync share from.", error_for(run, "breakdown"))
+    sections.append(sec)
+
+    sec = Section("timeline", "Per-SM timeline of an instrumented run")
+    need = {"cta", "sm", "kind", "start_ns", "end_ns"}
+    if tl is None or not need <= set(tl.columns):
+        sec.missing("per-SM timeline: this run has no 'timeline' table from an instrumented run"
+                    + ("" if tl is None else f" with columns {sorted(need)}") + ".",
+                    error_for(run, "timeline", "instrument"))
+    else:
+        try:
+            sec.p("Each row is an SM; bars are the logged spans of the CTAs on it, coloured by what they were doing.")
+            sec.figure(F.timeline(tl), "per-SM timeline", fmt="png")
+            groups = list(tl.groupby("system", sort=False)) if "system" in tl else [(None, tl)]
+            for sysname, g in groups:
+                suffix = f".{_slug(str(sysname))}" if sysname is not None else ""
+                p = write_chrome_trace(g, out.with_name(f"{out.stem}{suffix}.trace.json"),
+                                       None if sysname is None else str(sysname))
+                sec.link(p.name, f"Chrome trace{f' of {sysname}' if sysname is not None else ''} ({p.name}): "
+                                 "open it in Perfetto (ui.perfetto.dev) or chrome://tracing")
+        except Exception as e:  # noqa: BLE001
+            sec.missing("the timeline could not be drawn.", f"{type(e).__name__}: {e}")
+    sections.append(sec)
+    return sections
+
+
+def _as_bench(run):
+    if isinstance(run, (str, Path)):
+        p = Path(run)
+        if p.is_file() and p.suffix == ".json":
+            return JsonBench(p)
+        from kog.reports.runstore import open_run
+        return open_run(p)
+    return run
+
+
+def render_bench_report(run, out: str | Path | None = None) -> Path:
+    """Render the engine report of a bench run (or a bench JSON file) to `out` (default RUN/report.html,
+    or <file>.html beside a JSON file); the Chrome trace goes beside it."""
+    run = _as_bench(run)
+    if getattr(run, "kind", None) != "bench":
+        raise UsageError(f"render_bench_report needs a bench run, got a {getattr(run, 'kind', '?')} run: {run.path}")
+    if out is None:
+        out = run.path.with_suffix(".html") if isinstance(run, JsonBench) else Path(run.path) / "report.html"
+    out = Path(out)
+    doc = bench_document(run) or {}
+    model = doc.get("model") or "unknown model"
+    device = doc.get("device") or (run.meta.get("device") or {}).get("name") or "unknown GPU"
+    facts = {"model": model, "device": device, "dtype": doc.get("dtype"), "new tokens": doc.get("new_tokens"),
+             "status": run.status, "run": run.path.name}
+    sections = bench_sections(run, out)
+    return render_page(out, f"kog engine report: {model} on {device}",
+                       "Batch-1 decode throughput and where a token's time goes, grid sync vs targeted wait.",
+                       facts, sections, "bench")

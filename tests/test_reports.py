@@ -1,0 +1,346 @@
+"""Reports rendered from synthetic runs: every section there, missing probes reported instead of failing,
+user strings escaped, no network resource, size limit, the Chrome trace, comparisons and the CLIs."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kog.probe.errors import KogError, UsageError
+from kog.reports import synthetic
+from kog.reports.compare import change_class, render_compare
+from kog.reports.engine_report import render_bench_report
+from kog.reports.runstore import RunStore
+from kog.reports.topology import render_scan_report
+from kog.reports.tuning import mask_url, render_study_report
+
+EVIL = "<script>alert(1)</script>"
+SCAN_SECTIONS = ("inventory", "placement", "latency", "l2map", "signal", "sync", "bandwidth", "comparison")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return RunStore(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def scan_run(store):
+    return synthetic.write_scan(store)
+
+
+@pytest.fixture(scope="module")
+def scan_html(scan_run, tmp_path_factory):
+    p = render_scan_report(scan_run, tmp_path_factory.mktemp("out") / "scan.html")
+    return p, p.read_text()
+
+
+@pytest.fixture(scope="module")
+def bench_run(store):
+    return synthetic.write_bench(store, model=EVIL)
+
+
+@pytest.fixture(scope="module")
+def bench_html(bench_run, tmp_path_factory):
+    p = render_bench_report(bench_run, tmp_path_factory.mktemp("out") / "bench.html")
+    return p, p.read_text()
+
+
+@pytest.fixture(scope="module")
+def study_run(store):
+    return synthetic.write_study(store, n_trials=30, n_failed=4)
+
+
+def resource_refs(html: str) -> list[str]:
+    return re.findall(r"""(?:src|href)\s*=\s*["']?([^"'\s>]+)""", html)
+
+
+def assert_offline(html: str) -> None:
+    refs = resource_refs(html)
+    assert refs, "no src/href at all: the check would be vacuous"
+    remote = [r for r in refs if re.match(r"(?i)(https?:|//|ftp:|ws:)", r)]
+    assert remote == []
+    assert "<link" not in html and "<script" not in html.lower().replace("&lt;script", "")
+    assert "@import" not in html and "url(" not in html
+    for m in re.finditer(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", html):
+        svg = base64.b64decode(m.group(1)).decode()
+        assert not re.search(r"""(?:xlink:)?href=["'](?!#|data:)""", svg), "an SVG figure references a resource"
+
+
+def sections(html: str) -> dict[str, str]:
+    parts = re.split(r'<section id="', html)[1:]
+    return {p.split('"', 1)[0]: p for p in parts}
+
+
+# ---- topology ------------------------------------------------------------------------------------
+def test_scan_report_has_every_section_and_figure(scan_html):
+    path, html = scan_html
+    secs = sections(html)
+    assert tuple(secs) == SCAN_SECTIONS
+    assert "Missing:" not in html
+    for sid in ("placement", "latency", "l2map", "signal", "sync", "bandwidth"):
+        assert "<img " in secs[sid], sid
+    assert html.count("<img ") >= 7
+    # every figure decodes to a real image of non-trivial size
+    for m in re.finditer(r'src="data:image/(png|svg\+xml);base64,([^"]+)"', html):
+        data = base64.b64decode(m.group(2))
+        assert len(data) > 2000
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" if m.group(1) == "png" else b"<svg" in data[:400]
+    assert "132" in secs["inventory"] and "sm_90" in secs["inventory"]
+    assert "gap &gt; 30%" in secs["comparison"]
+
+
+def test_scan_report_offline_and_small(scan_html):
+    path, html = scan_html
+    assert_offline(html)
+    assert path.stat().st_size <= 5 * 1024 * 1024
+    assert path.stat().st_size > 100_000
+
+
+def test_scan_report_missing_probes_say_what_is_missing(store, tmp_path):
+    run = synthetic.write_scan(store, drop=("signal", "l2map", "barrier", "flag", "placement"),
+                               errors={"signal": "timeout after 30 s <b>hung</b>"}, summary_drop=("comparison",))
+    html = render_scan_report(run, tmp_path / "r.html").read_text()
+    secs = sections(html)
+    assert tuple(secs) == SCAN_SECTIONS
+    assert "Missing:" in secs["signal"] and "&#39;signal&#39;" in secs["signal"]
+    assert "timeout after 30 s &lt;b&gt;hung&lt;/b&gt;" in secs["signal"]
+    assert "<b>hung" not in html
+    assert "Missing:" in secs["placement"] and "Missing:" in secs["comparison"]
+    # the L2 section keeps the partition map (from l2_partition) though the heatmap is gone
+    assert "Missing:" in secs["l2map"] and "<img " in secs["l2map"]
+    # sync costs: atomics and launch still drawn, barrier and flag reported missing
+    assert "<img " in secs["sync"] and "barrier" in secs["sync"] and "Missing:" in secs["sync"]
+    assert "Missing:" not in secs["latency"] and "Missing:" not in secs["bandwidth"]
+
+
+def test_scan_report_from_an_empty_run(store, tmp_path):
+    run = synthetic.write_scan(store, drop=synthetic.SCAN_TABLES, summary_drop=("*",))
+    html = render_scan_report(run, tmp_path / "r.html").read_text()
+    assert html.count("Missing:") >= len(SCAN_SECTIONS)
+    assert "<img " not in html
+
+
+def test_scan_report_with_bad_table_reports_it(store, tmp_path):
+    run = synthetic.write_scan(store, drop=set(synthetic.SCAN_TABLES) - {"bandwidth"})
+    run.write_table("latency", pd.DataFrame({"size": [1, 2], "x": [3.0, 4.0]}))   # wrong columns
+    html = render_scan_report(run, tmp_path / "r.html").read_text()
+    assert "could not be drawn" in sections(html)["latency"]
+    assert "<img " in sections(html)["bandwidth"]
+
+
+def test_scan_report_escapes_device_name(store, tmp_path):
+    run = synthetic.write_scan(store, device_name=EVIL, drop=set(synthetic.SCAN_TABLES) - {"latency"})
+    html = render_scan_report(run, tmp_path / "r.html").read_text()
+    assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_scan_report_accepts_the_probes_comparison_spelling(store, tmp_path):
+    run = synthetic.write_scan(store, summary_drop=("comparison",), drop=synthetic.SCAN_TABLES)
+    s = run.json("summary")
+    s["comparison"] = [{"figure": "hbm_cycles", "ours": 900.0, "theirs": [480, 650], "source": "H100 papers",
+                        "explanation": "TLB misses"},
+                       {"figure": "flag_oneway_us", "ours": 0.7, "theirs": 0.71, "source": "anchor"}]
+    run.write_json("summary", s)
+    sec = sections(render_scan_report(run, tmp_path / "r.html").read_text())["comparison"]
+    assert "480–650" in sec and "TLB misses" in sec and "+38%" in sec and "yes" in sec
+    assert "1 figure(s) differ by more than 30%" in sec
+
+
+def test_cluster_order_groups_similar_sms():
+    from kog.reports.figures import cluster_order
+    rng = np.random.default_rng(3)
+    groups = rng.permutation(np.repeat(np.arange(4), 10))
+    m = 500 + 80 * (groups[:, None] != groups[None, :]) + rng.normal(0, 5, (40, 40))
+    order = cluster_order(m)
+    runs = np.count_nonzero(np.diff(groups[order]))   # group changes along the order
+    assert runs == 3, groups[order]
+
+
+def test_figures_leave_no_pyplot_state(scan_html, bench_html):
+    if "matplotlib.pyplot" in sys.modules:
+        assert sys.modules["matplotlib.pyplot"].get_fignums() == []
+
+
+# ---- engine --------------------------------------------------------------------------------------
+def test_bench_report_sections_and_escaping(bench_html):
+    path, html = bench_html
+    secs = sections(html)
+    assert tuple(secs) == ("overview", "throughput", "breakdown", "sync-share", "timeline")
+    assert "Missing:" not in html
+    assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    for name in ("kog-targeted", "kog-grid", "torch-compile", "cuda-graph", "hf-transformers"):
+        assert name in secs["throughput"]
+    assert "35%" in secs["sync-share"] and "30.0%" in secs["sync-share"]
+    assert_offline(html)
+
+
+def test_bench_report_writes_a_chrome_trace_beside_it(bench_run, bench_html):
+    path, html = bench_html
+    tl = bench_run.table("timeline")
+    links = re.findall(r'href="([^"#]+\.trace\.json)"', html)
+    assert len(links) == tl["system"].nunique() == 2
+    total = 0
+    for href in links:
+        assert "/" not in href                      # relative, beside the HTML
+        doc = json.loads((path.parent / href).read_text())
+        ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+        sysname = doc["otherData"]["system"]
+        rows = tl[tl["system"] == sysname]
+        assert len(ev) == len(rows)
+        total += len(ev)
+        first = rows.sort_values("start_ns").iloc[0]
+        e0 = min(ev, key=lambda e: e["ts"])
+        assert e0["ts"] == 0 and e0["pid"] == first["sm"] and e0["tid"] == first["cta"]
+        assert all(e["dur"] >= 0 for e in ev)
+        assert {e["cat"] for e in ev} <= {"streaming", "waiting", "barrier", "other"}
+    assert total == len(tl)
+
+
+def test_bench_report_missing_parts(store, tmp_path):
+    run = synthetic.write_bench(store, drop=("breakdown", "timeline", "system-breakdowns", "hf-transformers"),
+                                errors={"hf-transformers": "CUDA out of memory"})
+    html = render_bench_report(run, tmp_path / "b.html").read_text()
+    secs = sections(html)
+    assert "Missing:" in secs["timeline"] and "timeline" in secs["timeline"]
+    assert "Missing:" in secs["breakdown"] and "Missing:" in secs["sync-share"]
+    assert "CUDA out of memory" in secs["overview"]
+    assert "<img " in secs["throughput"]
+    assert not list(tmp_path.glob("*.trace.json"))
+    run2 = synthetic.write_bench(store, drop=("bench",))
+    html2 = render_bench_report(run2, tmp_path / "b2.html").read_text()
+    assert "bench.json" in sections(html2)["overview"]
+    assert "<img " in sections(html2)["breakdown"]          # still drawn from the breakdown table
+
+
+def test_bench_report_from_a_bench_json_file(tmp_path):
+    doc = synthetic.bench_document()
+    p = tmp_path / "llama-3.2-1b.json"
+    p.write_text(json.dumps(doc))
+    out = render_bench_report(p)
+    assert out == tmp_path / "llama-3.2-1b.html"
+    html = out.read_text()
+    assert "Missing:" in sections(html)["timeline"] and "<img " in sections(html)["breakdown"]
+
+
+# ---- tuning --------------------------------------------------------------------------------------
+def test_study_report(study_run, tmp_path):
+    html = render_study_report(study_run, tmp_path / "s.html").read_text()
+    secs = sections(html)
+    assert tuple(secs) == ("overview", "history", "importance", "parallel", "top", "failed")
+    assert "Missing:" not in html, re.findall(r"Missing:</strong>[^<]*", html)
+    for sid in ("history", "importance", "parallel"):
+        assert "<img " in secs[sid]
+    assert "4 trial(s) failed" in secs["failed"]
+    assert "compile error: out of shared memory" in secs["failed"]
+    assert secs["top"].count("<tr>") >= 10
+    assert_offline(html)
+    if "matplotlib.pyplot" in sys.modules:
+        assert sys.modules["matplotlib.pyplot"].get_fignums() == []
+
+
+def test_study_report_from_a_study_object_and_from_a_trials_table(store, tmp_path):
+    study = synthetic.make_study(None, name=EVIL, n_trials=8, n_failed=1)
+    html = render_study_report(study, tmp_path / "s.html").read_text()
+    assert EVIL not in html and "&lt;script&gt;" in html
+    with store.create("study", synthetic.h200_device(), argv=["x"]) as run:
+        run.write_table("trials", study.trials_dataframe().assign(state=lambda d: d["state"].astype(str)))
+    html = render_study_report(run, tmp_path / "t.html").read_text()
+    secs = sections(html)
+    assert "<img " in secs["history"] and "Missing:" in secs["importance"] and "1 trial(s) failed" in secs["failed"]
+
+
+def test_mask_url_hides_passwords():
+    assert mask_url("postgresql://kog:s3cret@db:5432/optuna") == "postgresql://kog:***@db:5432/optuna"
+    assert mask_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+# ---- compare -------------------------------------------------------------------------------------
+def test_change_class_marks_changes_over_5_percent():
+    assert change_class(100, 104, "higher") == ("+4.0%", "")
+    assert change_class(100, 110, "higher") == ("+10.0%", "changed-up")
+    assert change_class(100, 110, "lower") == ("+10.0%", "changed-down")
+    assert change_class(100, 90, None) == ("-10.0%", "flag")
+    assert change_class("sm_90", "gfx942", None) == ("differs", "flag")
+
+
+def test_compare_scans_marks_differences(store, scan_run, tmp_path):
+    slower = synthetic.write_scan(store, seed=1, scale=1.2, device_name="NVIDIA H100 80GB HBM3")
+    html = render_compare(scan_run, slower, tmp_path / "c.html").read_text()
+    head = sections(html)["headline"]
+    row = re.search(r"<tr><td>latency hbm \(ns\)</td>.*?</tr>", head, re.S).group(0)
+    assert 'class="changed-down"' in row and "+20." in row
+    assert re.search(r"<tr><td>L2 partitions</td><td>2</td><td>2</td><td>\+0.0%</td></tr>", head)
+    same = render_compare(scan_run, scan_run, tmp_path / "same.html").read_text()
+    assert "changed-" not in same.split("<main>")[1]
+    assert_offline(html)
+
+
+def test_compare_benches_and_studies(store, bench_run, study_run, tmp_path):
+    faster = synthetic.write_bench(store, speed=1.25, seed=5)
+    html = render_compare(bench_run, faster, tmp_path / "b.html").read_text()
+    assert html.count('class="changed-up"') >= 4 and EVIL not in html
+    other = synthetic.write_study(store, n_trials=12, seed=4)
+    html = render_compare(study_run, other, tmp_path / "s.html").read_text()
+    assert "best value" in html and "<img " in html
+    with pytest.raises(UsageError, match="cannot compare a bench run with a study run"):
+        render_compare(bench_run, study_run, tmp_path / "x.html")
+
+
+# ---- CLIs ----------------------------------------------------------------------------------------
+def test_kogprobe_report_prints_the_path_last(scan_run, tmp_path, capsys):
+    from kog.probe.cli import main
+    out = tmp_path / "r.html"
+    assert main(["report", str(scan_run.path), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    assert out.exists()
+    assert main(["report", str(scan_run.path), "--compare", str(scan_run.path), "-o", str(tmp_path / "c.html")]) == 0
+    assert "comparison" in (tmp_path / "c.html").read_text()
+
+
+def test_kogprobe_report_without_bundled_scan_is_one_line(monkeypatch, tmp_path, capsys):
+    import kog.probe.scan as scan
+    from kog.probe.cli import main
+    from kog.reports.cli import bundled_scan
+    monkeypatch.setattr(scan, "bundled_scan_path", lambda: tmp_path / "nothing")
+    with pytest.raises(KogError, match="no bundled scan yet"):
+        bundled_scan()
+    assert main(["report", "--bundled"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no bundled scan yet" in err[0]
+
+
+def test_kogprobe_report_renders_the_bundled_scan(monkeypatch, scan_run, tmp_path, capsys):
+    import kog.probe.scan as scan
+    from kog.probe.cli import main
+    monkeypatch.setattr(scan, "bundled_scan_path", lambda: Path(scan_run.path))
+    out = tmp_path / "b.html"
+    assert main(["report", "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+
+
+def test_kogprobe_report_refuses_a_bench_run(bench_run, capsys):
+    from kog.probe.cli import main
+    assert main(["report", str(bench_run.path)]) == 2
+    assert "kogtune report" in capsys.readouterr().err
+
+
+def test_kogtune_report_dispatches_on_kind(bench_run, study_run, tmp_path, capsys):
+    from kog.tune.cli import main
+    for run, marker in ((bench_run, "kog engine report"), (study_run, "kog tuning report")):
+        out = tmp_path / f"{run.kind}.html"
+        assert main(["report", str(run.path), "-o", str(out)]) == 0
+        assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+        assert marker in out.read_text()
+    url = f"sqlite:///{study_run.path / 'study.db'}"
+    out = tmp_path / "by-name.html"
+    assert main(["report", "--study", study_run.meta["study_name"], "--storage", url, "-o", str(out)]) == 0
+    assert "kog tuning report" in out.read_text()
+    assert main(["report", "--study", "no-such-study", "--storage", url]) == 2
+    assert "no study named" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing-run")]) == 2
