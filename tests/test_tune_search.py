@@ -1,0 +1,129 @@
+"""kogtune search (simulator backend): resume, kill -9, failing trials, bad input; replay of a sweep."""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from kog.tune.cli import main
+
+SWEEP = Path(__file__).resolve().parents[1] / "tune" / "data" / "sim-nvidia-h200-llama-3.2-1b-sweep.parquet"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path / "tuned"))
+    monkeypatch.setenv("KOG_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path
+
+
+def _study(tmp, name="kog-nvidia-h200-llama-3.2-1b-sim"):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp / 'runs' / 'kog-studies.db'}")
+
+
+def test_search_stores_best_and_resumes(env, capsys):
+    assert main(["search", "--backend", "sim", "--trials", "6", "--json", "--runs-dir", str(env / "runs")]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["trials"] == 6 and out["best"]["tok_per_s"] > 500 and out["stored"]
+    first = {t.number: t.params for t in _study(env).trials}
+    assert main(["search", "--backend", "sim", "--trials", "9", "--runs-dir", str(env / "runs")]) == 0
+    st = _study(env)
+    assert len(st.trials) == 9
+    assert all(st.trials[n].params == p for n, p in first.items())      # nothing lost
+    assert json.loads((env / "tuned" / "tuned.json").read_text())["entries"]
+
+
+def test_crashing_configs_fail_and_the_study_goes_on(env):
+    from kog.tune.search import cli_search
+    a = argparse.Namespace(model="llama-3.2-1b", trials=14, study="crashy", storage=None, sampler="random",
+                           backend="sim", workers=1, timeout=30.0, runs_dir=str(env / "runs"), json=True,
+                           seed=3, target="kog.tune._fakes:crash_if_bigwarps")
+    assert cli_search(a) == 0
+    ts = _study(env, "crashy").trials
+    failed = [t for t in ts if t.state == optuna.trial.TrialState.FAIL]
+    assert failed and all("SIGSEGV" in t.user_attrs["fail_reason"] or "same config failed" in
+                          t.user_attrs["fail_reason"] for t in failed)
+    assert all(t.params["mapping"] == "contiguous" for t in failed)
+    assert any(t.state == optuna.trial.TrialState.COMPLETE for t in ts)
+
+
+def test_kill_9_then_resume(env):
+    runs = env / "runs"
+    cmd = [sys.executable, "-m", "kog.tune.cli", "search", "--backend", "sim", "--trials", "400",
+           "--runs-dir", str(runs), "--study", "k9", "--sampler", "random"]
+    p = subprocess.Popen(cmd, env={**os.environ}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    db = runs / "kog-studies.db"
+    deadline = time.time() + 60
+    n_done = 0
+    while time.time() < deadline:
+        time.sleep(0.5)
+        if db.exists():
+            try:
+                st = _study(env, "k9")
+                n_done = sum(t.state.is_finished() for t in st.trials)
+                running = [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
+            except Exception:
+                continue
+            if n_done >= 4 and running:
+                break
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    before = {t.number: (t.state, t.value) for t in _study(env, "k9").trials if t.state.is_finished()}
+    assert len(before) >= 4
+    a = ["search", "--backend", "sim", "--trials", str(len(before) + 3), "--runs-dir", str(runs),
+         "--study", "k9", "--sampler", "random"]
+    assert main(a) == 0
+    st = _study(env, "k9")
+    assert not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
+    for n, (s, v) in before.items():
+        assert (st.trials[n].state, st.trials[n].value) == (s, v)
+    zombies = [t for t in st.trials if "died" in t.user_attrs.get("fail_reason", "")]
+    assert zombies, "the RUNNING trial of the killed process must be marked FAILED with a reason"
+
+
+def test_bad_inputs_one_line_exit_2(env, capsys):
+    r = str(env / "runs")
+    assert main(["search", "--backend", "sim", "--model", "nope-7b", "--runs-dir", r]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown model" in err[0]
+    for url in ("notaurl", "mongodb://x/y", "sqlite:////nonexistent/dir/x.db",
+                "postgresql://u:secret@127.0.0.1:1/db"):
+        assert main(["search", "--backend", "sim", "--storage", url, "--runs-dir", r]) == 2, url
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "storage" in err[0] and "secret" not in err[0], err
+    assert main(["search", "--backend", "sim", "--trials", "2", "--study", "shared", "--runs-dir", r]) == 0
+    capsys.readouterr()
+    assert main(["search", "--backend", "sim", "--trials", "2", "--study", "shared", "--model", "qwen3-1.7b",
+                 "--runs-dir", r]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "llama-3.2-1b" in err[0] and "qwen3-1.7b" in err[0]
+    try:
+        import cmaes  # noqa: F401
+    except ImportError:
+        assert main(["search", "--backend", "sim", "--sampler", "cmaes", "--runs-dir", r]) == 2
+        assert "cmaes" in capsys.readouterr().err
+
+
+def test_replay_simulated_sweep(capsys):
+    assert SWEEP.exists()
+    assert main(["replay", str(SWEEP), "--seeds", "10", "--compare", "random"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "SIMULATED" in lines[0]
+    last = lines[-1]
+    assert last.startswith("median evaluations to within 2% of best: ")
+    k, n = last.rsplit(" ", 1)[1].split("/")
+    assert int(n) >= 200 and float(k) / int(n) <= 0.15
+
+
+def test_replay_bad_input(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "missing.parquet")]) == 2
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    assert main(["replay", str(bad)]) == 2

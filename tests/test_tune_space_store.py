@@ -1,0 +1,78 @@
+"""Search space constraints and the tuned-config store."""
+import json
+
+import optuna
+import pytest
+
+from kog.engine.config import preset
+from kog.engine.engine_config import EngineConfig
+from kog.tune import store
+from kog.tune.space import Infeasible, build_space, check, residency_fn
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-1.5b", "tiny"])
+def test_every_sample_is_valid_or_rejected_with_reason(name):
+    m = preset(name)
+    sp = build_space(m)
+    st = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    n_ok = n_bad = 0
+    for _ in range(60):
+        cfg = sp.suggest(st.ask())
+        try:
+            check(cfg, m, 132, residency_fn("sim"))
+            cfg.validate(m, 132)
+            n_ok += 1
+        except Infeasible as e:
+            assert str(e).startswith("engine config:")
+            n_bad += 1
+    assert n_ok > 0
+    for ph, rows in (("qkv", m.qkv_size), ("lm", m.vocab_size)):
+        assert all(rows % b == 0 for b in sp.bn[ph])
+
+
+def test_grid_mode_has_no_sync_rows_param():
+    sp = build_space(preset("tiny"))
+    t = optuna.trial.FixedTrial({"mode": "grid", "ctas_per_sm": 2, "num_warps": 4, "block_k": 256,
+                                 **{f"bn_{p}": 2 for p in ("qkv", "o", "gate_up", "down", "lm")},
+                                 "prefetch": 1, "mapping": "topology", "attn_block": 64})
+    assert sp.suggest(t).sync_rows == 0
+
+
+def test_residency_rejects_before_launch():
+    m = preset("llama-3.2-1b")
+    with pytest.raises(Infeasible, match="CTAs that fit"):
+        check(EngineConfig(num_warps=8, ctas_per_sm=4), m, 132, residency_fn("sim"))
+
+
+def test_store_roundtrip(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    m = preset("llama-3.2-1b")
+    assert store.best_config("NVIDIA H200", m) is None
+    cfg = EngineConfig(ctas_per_sm=3, mapping="topology")
+    assert store.save_best("NVIDIA H200", m, cfg, 1234.0, {"backend": "gpu"})
+    assert store.best_config("NVIDIA H200", m) == cfg
+    assert store.best_config("NVIDIA H100", m) is None
+    assert store.best_config("NVIDIA H200", preset("llama-3.2-3b")) is None
+    # a worse measurement and any prediction never replace the stored measurement
+    assert not store.save_best("NVIDIA H200", m, EngineConfig(), 1000.0, {"backend": "gpu"})
+    assert not store.save_best("NVIDIA H200", m, EngineConfig(), 9999.0, {"backend": "sim"})
+    assert store.save_best("NVIDIA H200", m, EngineConfig(ctas_per_sm=2), 1300.0, {"backend": "gpu"})
+    assert store.best_config("NVIDIA H200", m).ctas_per_sm == 2
+    # same shape under another name shares the entry
+    assert store.best_config("NVIDIA H200", m.replace(name="my-ckpt")).ctas_per_sm == 2
+    from kog.tune.cli import main
+    assert main(["show", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["entries"]) == 1 and d["entries"][0]["tok_per_s"] == 1300.0
+
+
+def test_simulated_entry_not_used_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    m = preset("tiny")
+    store.save_best("NVIDIA H200", m, EngineConfig(), 5.0, {"backend": "sim"})
+    assert store.best_config("NVIDIA H200", m) is None
+    assert store.best_config("NVIDIA H200", m, include_simulated=True) == EngineConfig()
+    (tmp_path / "tuned.json").write_text("{corrupt")
+    assert store.best_config("NVIDIA H200", m) is None
