@@ -116,6 +116,7 @@ def perf(ecfg, n=512, repeats=3, trace=True):
         toks, dt = mk.generate(prompt, n)
         rates.append(len(toks) / dt)
     res = {"tok_s": statistics.median(rates), "runs": rates, "compile_s": mk.compile_seconds,
+           "regs": getattr(mk, "kernel_regs", None), "spills": getattr(mk, "kernel_spills", None),
            "limit_pct": statistics.median(rates) / (R["copy"]["GBps"] * 1e9 / cfg.weight_bytes_per_token()) * 100}
     if trace:
         b = mk.breakdown(prompt, n=32)
@@ -153,7 +154,8 @@ def _():
         return {}
     out = {}
     grid = [dict(ctas_per_sm=c, bn_qkv=b, bn_o=b, bn_gate_up=b, bn_down=b, block_k=k)
-            for c, b, k in [(2, 4, 2048), (4, 2, 2048), (4, 4, 1024), (3, 4, 2048), (4, 8, 1024), (2, 8, 2048)]]
+            for c, b, k in [(2, 4, 2048), (4, 2, 2048), (4, 4, 1024), (3, 4, 2048), (4, 8, 1024), (2, 8, 2048),
+                            (4, 4, 512), (8, 2, 1024)]]
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:

@@ -48,20 +48,22 @@ S_SLOT: tl.constexpr = tl.constexpr(16)     # per-SM slot counters for the topol
 
 @triton.jit
 def _spin_until(ptr, target, sync_ptr, err_ptr, max_spin, what, task):
-    """Wait (bounded) until *ptr >= target with acquire semantics. On timeout: record and abort everyone.
+    """Wait (bounded) until *ptr >= target, then acquire. On timeout: record and abort everyone.
 
-    The poll is an acquire RMW (atomic add of 0): one L2 round trip in the common already-ready case,
-    and it synchronizes with the producers' release increments. A target <= 0 costs nothing."""
+    Polls with plain volatile loads (no atomic traffic on a counter the producers are incrementing),
+    then one acquire RMW that synchronizes with the producers' release increments."""
     if target > 0:
-        v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+        v = tl.load(ptr, volatile=True)
         n = 0
         ab = 0
         while (v < target) & (n < max_spin) & (ab == 0):
-            v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+            v = tl.load(ptr, volatile=True)
             n += 1
             if n % 64 == 0:
                 ab = tl.load(sync_ptr + S_ABORT, volatile=True)
-        if (v < target) & (ab == 0):
+        if v >= target:
+            tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+        elif ab == 0:
             if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
                 tl.store(err_ptr + 0, 1)
                 tl.store(err_ptr + 1, what)
@@ -71,93 +73,91 @@ def _spin_until(ptr, target, sync_ptr, err_ptr, max_spin, what, task):
 
 
 @triton.jit
-def _wait_rows(cnt_ptr, tgt_ptr, base, R, r0, r1, t1, sync_ptr, err_ptr, max_spin, task):
-    """Wait until rows [r0, r1) of a buffer are ready for token t1-1 (counters base + r // R)."""
+def _wait_rows(cnt_ptr, tgt_ptr, base, R, r0, r1, t1, rb, rm, sync_ptr, err_ptr, max_spin, task):
+    """Wait until rows [r0, r1) of a buffer are ready for token t1-1 (counters base + r // R).
+
+    (rb, rm) caches what this CTA already knows: counters base rb + 0..rm are ready for this token, so a
+    CTA's second and later tasks of a phase skip the wait (and its L2 round trip) entirely."""
     c0 = r0 // R
     c1 = (r1 - 1) // R
+    if base != rb:
+        rb = base
+        rm = -1
     for c in range(c0, c1 + 1):
-        tgt = tl.load(tgt_ptr + base + c) * t1
-        _spin_until(cnt_ptr + base + c, tgt, sync_ptr, err_ptr, max_spin, base + c, task)
+        if c > rm:
+            tgt = tl.load(tgt_ptr + base + c) * t1
+            _spin_until(cnt_ptr + base + c, tgt, sync_ptr, err_ptr, max_spin, base + c, task)
+            if c == rm + 1:
+                rm = c
+    return rb, rm
 
 
 @triton.jit
-def _release(cnt_ptr, idx):
-    """Publish a finished tile: every thread's stores happen-before the release increment."""
-    tl.debug_barrier()
-    tl.atomic_add(cnt_ptr + idx, 1, sem="release", scope="gpu")
+def _flush(cnt_ptr, pend_idx, pend_n):
+    """Publish finished tiles: every thread's stores happen-before one release increment of pend_n."""
+    if (pend_n > 0) & (pend_idx >= 0):
+        tl.debug_barrier()
+        tl.atomic_add(cnt_ptr + pend_idx, pend_n, sem="release", scope="gpu")
 
 
 @triton.jit
-def _gemv(w_ptr, w_off, K, rows, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, sync_ptr, err_ptr, max_spin, task,
-          BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, PREFETCH: tl.constexpr,
-          TRACE: tl.constexpr, VENDOR: tl.constexpr):
-    """acc[BN] = W[rows, :K] . x[:K] and sum(x*x). Weight chunk k+1 is issued before waiting for x chunk k."""
+def _gemv(w_ptr, w_off, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
+          K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, TRACE: tl.constexpr,
+          VENDOR: tl.constexpr):
+    """acc[BN] = W[tile rows, :K] . x[:K] and sum(x*x). Each chunk's weight load is issued BEFORE the wait
+    for the matching chunk of x, so the HBM stream does not stop at a dependency."""
+    rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    wrow = w_ptr + w_off + rows[:, None].to(tl.int64) * K
+    wrow = w_ptr + w_off + (rn * K).to(tl.int64)[:, None]
     acc = tl.zeros([BN], dtype=tl.float32)
-    ss = tl.zeros([BK], dtype=tl.float32)
+    ss = 0.0
     waited = tl.zeros([], dtype=tl.int64)
-    if PREFETCH:
-        w = tl.load(wrow + rk[None, :], mask=rk[None, :] < K, other=0.0)
     for k0 in range(0, K, BK):
         kk = k0 + rk
-        if PREFETCH:
-            w_next = tl.load(wrow + (kk + BK)[None, :], mask=(kk + BK)[None, :] < K, other=0.0)
+        w = tl.load(wrow + kk[None, :], mask=kk[None, :] < K, other=0.0)
         if WAIT:
             if TRACE:
                 w0 = global_time_ns(VENDOR)
-            _wait_rows(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, sync_ptr, err_ptr,
-                       max_spin, task)
+            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
+                                err_ptr, max_spin, task)
             if TRACE:
                 waited += global_time_ns(VENDOR) - w0
         x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
-        if not PREFETCH:
-            w = tl.load(wrow + kk[None, :], mask=kk[None, :] < K, other=0.0)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        ss += x * x
-        if PREFETCH:
-            w = w_next
-    return acc, tl.sum(ss, axis=0), waited
+        ss += tl.sum(x * x, axis=0)
+    return acc, ss, waited, rb, rm
 
 
 @triton.jit
-def _gemv2(w_ptr, off_a, off_b, K, rows, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, sync_ptr, err_ptr, max_spin,
-           task, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, PREFETCH: tl.constexpr,
-           TRACE: tl.constexpr, VENDOR: tl.constexpr):
+def _gemv2(w_ptr, off_a, off_b, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
+           K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, TRACE: tl.constexpr,
+           VENDOR: tl.constexpr):
     """Two row tiles (gate and up) against the same x, sharing the waits and the x loads."""
+    rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    ra = w_ptr + off_a + rows[:, None].to(tl.int64) * K
-    rb = w_ptr + off_b + rows[:, None].to(tl.int64) * K
+    ra = w_ptr + off_a + (rn * K).to(tl.int64)[:, None]
+    rbp = w_ptr + off_b + (rn * K).to(tl.int64)[:, None]
     acc_a = tl.zeros([BN], dtype=tl.float32)
     acc_b = tl.zeros([BN], dtype=tl.float32)
-    ss = tl.zeros([BK], dtype=tl.float32)
+    ss = 0.0
     waited = tl.zeros([], dtype=tl.int64)
-    if PREFETCH:
-        wa = tl.load(ra + rk[None, :], mask=rk[None, :] < K, other=0.0)
-        wb = tl.load(rb + rk[None, :], mask=rk[None, :] < K, other=0.0)
     for k0 in range(0, K, BK):
         kk = k0 + rk
-        if PREFETCH:
-            wa_next = tl.load(ra + (kk + BK)[None, :], mask=(kk + BK)[None, :] < K, other=0.0)
-            wb_next = tl.load(rb + (kk + BK)[None, :], mask=(kk + BK)[None, :] < K, other=0.0)
+        wa = tl.load(ra + kk[None, :], mask=kk[None, :] < K, other=0.0)
+        wb = tl.load(rbp + kk[None, :], mask=kk[None, :] < K, other=0.0)
         if WAIT:
             if TRACE:
                 w0 = global_time_ns(VENDOR)
-            _wait_rows(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, sync_ptr, err_ptr,
-                       max_spin, task)
+            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
+                                err_ptr, max_spin, task)
             if TRACE:
                 waited += global_time_ns(VENDOR) - w0
         x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
-        if not PREFETCH:
-            wa = tl.load(ra + kk[None, :], mask=kk[None, :] < K, other=0.0)
-            wb = tl.load(rb + kk[None, :], mask=kk[None, :] < K, other=0.0)
-        acc_a += tl.sum(wa.to(tl.float32) * x[None, :], axis=1)
-        acc_b += tl.sum(wb.to(tl.float32) * x[None, :], axis=1)
-        ss += x * x
-        if PREFETCH:
-            wa = wa_next
-            wb = wb_next
-    return acc_a, acc_b, tl.sum(ss, axis=0), waited
+        xf = x[None, :]
+        acc_a += tl.sum(wa.to(tl.float32) * xf, axis=1)
+        acc_b += tl.sum(wb.to(tl.float32) * xf, axis=1)
+        ss += tl.sum(x * x, axis=0)
+    return acc_a, acc_b, ss, waited, rb, rm
 
 
 @triton.jit
@@ -273,6 +273,7 @@ def monokernel(
     t_lo = tl.load(cta_start_ptr + cta)
     t_hi = tl.load(cta_start_ptr + cta + 1)
     kc_layer = NKV * max_seq * HD
+    R_QKV = tl.load(rpc_ptr + 0)
     tr = 0
     for step in range(0, n_tokens):
         t1 = step + 1
@@ -283,94 +284,91 @@ def monokernel(
         if stop == 0:
             best_v = float("-inf")
             best_i = 0
+            rb = -1          # wait cache: counters rb + 0..rm known ready for this token
+            rm = -1
+            pend_idx = -1    # deferred release: pend_n finished tiles not yet published on counter pend_idx
+            pend_n = 0
             for ti in range(t_lo, t_hi):
-                typ = tl.load(tasks_ptr + ti * 4)
-                layer = tl.load(tasks_ptr + ti * 4 + 1)
-                tile = tl.load(tasks_ptr + ti * 4 + 2)
+                # task row: type, layer, tile, barrier#, weight offset (lo, hi), release counter, wait base
+                trow = tasks_ptr + ti * 8
+                typ = tl.load(trow)
+                layer = tl.load(trow + 1)
+                tile = tl.load(trow + 2)
+                w_off = tl.load(trow + 4).to(tl.uint32).to(tl.int64) | (tl.load(trow + 5).to(tl.int64) << 32)
+                rel = tl.load(trow + 6)
+                cb = tl.load(trow + 7)
+                if rel != pend_idx:
+                    _flush(cnt_ptr, pend_idx, pend_n)
+                    pend_idx = rel
+                    pend_n = 0
                 if TRACE:
                     t_start = global_time_ns(VENDOR)
                 else:
                     t_start = tl.zeros([], dtype=tl.int64)
                 waited = tl.zeros([], dtype=tl.int64)
                 lrow = layer * 5
-                a_h = tl.load(aoff_ptr + lrow + 0)      # h[layer]: input of the layer
-                a_qkv = tl.load(aoff_ptr + lrow + 1)
-                a_attn = tl.load(aoff_ptr + lrow + 2)
-                a_hmid = tl.load(aoff_ptr + lrow + 3)
-                a_act = tl.load(aoff_ptr + lrow + 4)
-                a_hout = tl.load(aoff_ptr + lrow + 5)   # h[layer + 1]
                 if typ == T_QKV:
                     rows = tile * BN_QKV + tl.arange(0, BN_QKV)
-                    # h[l] is the output of layer l-1's down tiles; layer 0 reads the embedding row, already
-                    # released through S_TOK, so it waits on the always-ready dummy counters
-                    cb = tl.load(layout_ptr + tl.maximum(layer - 1, 0) * 5 + 4)
-                    cb = tl.where(layer > 0, cb, dummy_base)
-                    acc, ss, waited = _gemv(w_ptr, tl.load(woff_ptr + layer * 8 + 0), H, rows, act_ptr + a_h,
-                                            cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, sync_ptr, err_ptr,
-                                            max_spin, ti, BN_QKV, BK, WAIT, PF, TRACE, VENDOR)
+                    # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
+                    # always-ready dummy counters
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0), cnt_ptr,
+                                                    tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
+                                                    max_spin, ti, H, BN_QKV, BK, WAIT, TRACE, VENDOR)
                     y = acc * (1.0 / tl.sqrt(ss / H + eps))
                     if HAS_BIAS:
                         y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
-                    tl.store(act_ptr + a_qkv + rows, y)
-                    if WAIT:
-                        _release(cnt_ptr, tl.load(layout_ptr + lrow + 0) + (tile * BN_QKV) // tl.load(rpc_ptr + 0))
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, y)
+                    pend_n += 1
                 elif typ == T_ATTN:
                     g = tile
                     if WAIT:
-                        cb = tl.load(layout_ptr + lrow + 0)
-                        R = tl.load(rpc_ptr + 0)
-                        _wait_rows(cnt_ptr, tgt_ptr, cb, R, g * G * HD, (g + 1) * G * HD, t1, sync_ptr, err_ptr,
-                                   max_spin, ti)
-                        _wait_rows(cnt_ptr, tgt_ptr, cb, R, QS + g * HD, QS + (g + 1) * HD, t1, sync_ptr, err_ptr,
-                                   max_spin, ti)
-                        _wait_rows(cnt_ptr, tgt_ptr, cb, R, QS + KVS + g * HD, QS + KVS + (g + 1) * HD, t1,
-                                   sync_ptr, err_ptr, max_spin, ti)
+                        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1, rb, rm,
+                                            sync_ptr, err_ptr, max_spin, ti)
+                        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD, t1, rb, rm,
+                                            sync_ptr, err_ptr, max_spin, ti)
+                        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD, QS + KVS + (g + 1) * HD,
+                                            t1, rb, rm, sync_ptr, err_ptr, max_spin, ti)
                         if TRACE:
                             waited = global_time_ns(VENDOR) - t_start
                     kbase = cache_ptr + tl.cast(layer, tl.int64) * 2 * kc_layer + tl.cast(g, tl.int64) * max_seq * HD
-                    _attention(act_ptr + a_qkv, act_ptr + a_attn, kbase, kbase + kc_layer, cos_ptr, sin_ptr,
+                    _attention(act_ptr + tl.load(aoff_ptr + lrow + 1), act_ptr + tl.load(aoff_ptr + lrow + 2), kbase,
+                               kbase + kc_layer, cos_ptr, sin_ptr,
                                small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                small_ptr + tl.load(soff_ptr + layer * 8 + 2),
                                g, pos, window, eps, sm_scale, HD, G, GP, QS, KVS, BT, QK_NORM)
-                    if WAIT:
-                        _release(cnt_ptr, tl.load(layout_ptr + lrow + 1) + g)
+                    pend_n += 1
                 elif typ == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
-                    acc, ss, waited = _gemv(w_ptr, tl.load(woff_ptr + layer * 8 + 1), QS, rows, act_ptr + a_attn,
-                                            cnt_ptr, tgt_ptr, tl.load(layout_ptr + lrow + 1), tl.load(rpc_ptr + 1),
-                                            t1, sync_ptr, err_ptr, max_spin, ti, BN_O, BK, WAIT, PF, TRACE, VENDOR)
-                    h = tl.load(act_ptr + a_h + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + a_hmid + rows, h + acc)
-                    if WAIT:
-                        _release(cnt_ptr, tl.load(layout_ptr + lrow + 2) + (tile * BN_O) // tl.load(rpc_ptr + 2))
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), cnt_ptr,
+                                                    tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr,
+                                                    max_spin, ti, QS, BN_O, BK, WAIT, TRACE, VENDOR)
+                    h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, h + acc)
+                    pend_n += 1
                 elif typ == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
-                    ag, au, ss, waited = _gemv2(w_ptr, tl.load(woff_ptr + layer * 8 + 2),
-                                                tl.load(woff_ptr + layer * 8 + 3), H, rows, act_ptr + a_hmid,
-                                                cnt_ptr, tgt_ptr, tl.load(layout_ptr + lrow + 2),
-                                                tl.load(rpc_ptr + 2), t1, sync_ptr, err_ptr, max_spin, ti,
-                                                BN_GU, BK, WAIT, PF, TRACE, VENDOR)
+                    ag, au, ss, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
+                                                        act_ptr + tl.load(aoff_ptr + lrow + 3), cnt_ptr, tgt_ptr, cb,
+                                                        tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin,
+                                                        ti, H, BN_GU, BK, WAIT, TRACE, VENDOR)
                     r = 1.0 / tl.sqrt(ss / H + eps)
                     gt = ag * r
                     y = gt / (1.0 + tl.exp(-gt)) * (au * r)
-                    tl.store(act_ptr + a_act + rows, y)
-                    if WAIT:
-                        _release(cnt_ptr, tl.load(layout_ptr + lrow + 3) + (tile * BN_GU) // tl.load(rpc_ptr + 3))
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y)
+                    pend_n += 1
                 elif typ == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
-                    acc, ss, waited = _gemv(w_ptr, tl.load(woff_ptr + layer * 8 + 4), I, rows, act_ptr + a_act,
-                                            cnt_ptr, tgt_ptr, tl.load(layout_ptr + lrow + 3), tl.load(rpc_ptr + 3),
-                                            t1, sync_ptr, err_ptr, max_spin, ti, BN_DOWN, BK, WAIT, PF, TRACE, VENDOR)
-                    hm = tl.load(act_ptr + a_hmid + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + a_hout + rows, hm + acc)
-                    if WAIT:
-                        _release(cnt_ptr, tl.load(layout_ptr + lrow + 4) + (tile * BN_DOWN) // tl.load(rpc_ptr + 4))
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), cnt_ptr,
+                                                    tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr,
+                                                    max_spin, ti, I, BN_DOWN, BK, WAIT, TRACE, VENDOR)
+                    hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, hm + acc)
+                    pend_n += 1
                 elif typ == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
-                    acc, ss, waited = _gemv(w_ptr, tl.load(woff_ptr + L * 8 + 0), H, rows, act_ptr + a_h,
-                                            cnt_ptr, tgt_ptr, tl.load(layout_ptr + (L - 1) * 5 + 4),
-                                            tl.load(rpc_ptr + 4), t1, sync_ptr, err_ptr, max_spin, ti,
-                                            BN_LM, BK, WAIT, PF, TRACE, VENDOR)
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0), cnt_ptr,
+                                                    tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
+                                                    max_spin, ti, H, BN_LM, BK, WAIT, TRACE, VENDOR)
                     lg = acc * (1.0 / tl.sqrt(ss / H + eps))
                     if write_logits != 0:
                         tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
@@ -386,7 +384,7 @@ def monokernel(
                 else:  # T_BAR: grid mode's global barrier after a phase
                     tl.debug_barrier()
                     tl.atomic_add(sync_ptr + S_BAR, 1, sem="release", scope="gpu")
-                    nb = step * bar_per_tok + tl.load(tasks_ptr + ti * 4 + 3) + 1
+                    nb = step * bar_per_tok + tl.load(trow + 3) + 1
                     _spin_until(sync_ptr + S_BAR, nb * nprog, sync_ptr, err_ptr, max_spin, -2, ti)
                     if TRACE:
                         waited = global_time_ns(VENDOR) - t_start
@@ -394,6 +392,7 @@ def monokernel(
                     if (step < trace_tokens) & (tr < trace_cap):
                         _trace(trace_ptr, cta, tr, trace_cap, t_start, waited, ti, step, VENDOR)
                         tr += 1
+            _flush(cnt_ptr, pend_idx, pend_n)
             # this CTA is done with the token: publish its best candidate; the last CTA to finish samples
             tl.store(partial_v_ptr + cta, best_v)
             tl.store(partial_i_ptr + cta, best_i)

@@ -91,6 +91,7 @@ class Monokernel:
         offs[cfg.num_layers, 0] = add(fold(w["lm_head"], w["norm"]))
         self.wbuf = torch.cat(mats).to(dev)
         del mats
+        self._woff_np = offs
         self.woff = torch.tensor(offs, device=dev)
         # small fp32 parameters: q/k/v bias, q_norm, k_norm
         small, soffs, so = [torch.zeros(1)], np.zeros((cfg.num_layers, 8), dtype=np.int64), 1
@@ -122,13 +123,13 @@ class Monokernel:
         self.partial_v = torch.zeros(self.gpow + cfg.vocab_size, dtype=torch.float32, device=dev)
         self.partial_i = torch.zeros(self.gpow, dtype=torch.int32, device=dev)
         i32 = dict(dtype=torch.int32, device=dev)
-        self.tasks = torch.tensor(p.tasks, **i32)
+        self.dummy_base = p.n_counters
+        self.tasks = torch.tensor(self._task_table(), **i32)
         self.cta_start = torch.tensor(p.cta_start, **i32)
         self.layout = torch.tensor(p.layout, **i32)
         self.rpc = torch.tensor(p.rows_per_counter, **i32)
         # counters, then a block of always-ready dummies (target 0) that layer 0's waits point at
         n_dummy = max(cfg.qkv_size, cfg.intermediate_size, cfg.hidden_size) // int(p.rows_per_counter.min()) + 2
-        self.dummy_base = p.n_counters
         self.target = torch.tensor(np.concatenate([p.target, np.zeros(n_dummy, np.int32)]), **i32)
         self.cnt = torch.zeros(p.n_counters + n_dummy, **i32)
         self.sync = torch.zeros(64 + (1 << 12), **i32)
@@ -140,6 +141,48 @@ class Monokernel:
         self.trace_cap = int(np.max(p.cta_start[1:] - p.cta_start[:-1])) * max(self.trace_tokens, 1)
         self.trace = torch.zeros((p.grid, self.trace_cap, 4) if self.trace_tokens else (1, 1, 4),
                                  dtype=torch.int64, device=dev)
+
+    def _task_table(self) -> np.ndarray:
+        """The plan's tasks with what each needs precomputed (one row of 8 int32 per task): type, layer, tile,
+        barrier number, weight offset of the tile (lo, hi words), counter it releases, first counter it waits on."""
+        from kog.engine.plan import T_ATTN, T_DOWN, T_GU, T_LM, T_O, T_QKV
+        cfg, e, p = self.cfg, self.ecfg, self.plan
+        H, I, Q, L = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.num_layers
+        lay, R, wo = p.layout, p.rows_per_counter, self._woff_np
+        t = p.tasks.astype(np.int64)
+        typ, layer, tile = t[:, 0], t[:, 1], t[:, 2]
+        lc = np.minimum(layer, L - 1)                     # the LM head's "layer" is L
+        woff = np.zeros(len(t), dtype=np.int64)
+        rel = np.full(len(t), -1, dtype=np.int64)
+        wait = np.zeros(len(t), dtype=np.int64)
+        prev_h = np.where(layer > 0, lay[np.maximum(layer - 1, 0), BUF_HOUT], self.dummy_base)
+        spec = {  # type: (weight matrix column in woff, rows per tile, K, produced buffer, wait base)
+            T_QKV: (0, e.bn_qkv, H, BUF_QKV, prev_h),
+            T_O: (1, e.bn_o, Q, BUF_HMID, lay[lc, BUF_ATTN]),
+            T_GU: (2, e.bn_gate_up, H, BUF_ACT, lay[lc, BUF_HMID]),
+            T_DOWN: (4, e.bn_down, I, BUF_HOUT, lay[lc, BUF_ACT]),
+        }
+        for ty, (col, bn, K, buf, wb) in spec.items():
+            m = typ == ty
+            woff[m] = wo[layer[m], col] + tile[m] * bn * K
+            rel[m] = lay[layer[m], buf] + (tile[m] * bn) // R[buf]
+            wait[m] = wb[m]
+        m = typ == T_ATTN
+        rel[m] = lay[layer[m], BUF_ATTN] + tile[m]
+        wait[m] = lay[layer[m], BUF_QKV]
+        m = typ == T_LM
+        woff[m] = wo[L, 0] + tile[m] * e.bn_lm * H
+        wait[m] = lay[L - 1, BUF_HOUT]
+        if e.mode != "targeted":
+            rel[:] = -1                                   # grid mode publishes nothing: barriers order phases
+        out = np.zeros((len(t), 8), dtype=np.int64)
+        out[:, :4] = t
+        out[:, 4] = woff & 0xFFFFFFFF
+        out[:, 5] = woff >> 32
+        out[:, 6] = rel
+        out[:, 7] = wait
+        out[:, 4] = np.where(out[:, 4] >= 2**31, out[:, 4] - 2**32, out[:, 4])   # store the low word as int32 bits
+        return out.astype(np.int32)
 
     # ---- launching ------------------------------------------------------------------------------------
     def _launch(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,
@@ -173,6 +216,9 @@ class Monokernel:
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
                     PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
                     VENDOR=self.vendor, FILTER_ITERS=24, num_warps=e.num_warps)
+        if self.vendor == 1:
+            # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
+            meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
         if self.vendor != INTERPRET:
             meta["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
             if self.compile_seconds is None:
@@ -187,7 +233,9 @@ class Monokernel:
     def _check_residency(self, k) -> None:
         """Refuse a grid larger than what fits on the SMs at once (a persistent grid must be co-resident)."""
         try:
+            k._init_handles()
             props = torch.cuda.get_device_properties(self.device)
+            self.kernel_regs, self.kernel_spills = k.n_regs, k.n_spills
             regs = k.n_regs * 32 * self.ecfg.num_warps
             fit = 65536 // max(regs, 1)
             smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)

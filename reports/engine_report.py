@@ -163,7 +163,10 @@ def bench_sections(run, out: Path) -> list[Section]:
             rows.append({"system": n, "tok/s": v, "% of limit": (100 * v / limit) if limit else None,
                          "x torch-compile": (v / base) if base == base and base else None,
                          "max rel err": s.get("max_rel_err"),
-                         "error": s.get("error") or error_for(run, n)})
+                         "compile (s)": s.get("compile_seconds"),
+                         "note": s.get("note") or s.get("stopped_early"),
+                         "error": s.get("error") or s.get("max_rel_err_error") or s.get("breakdown_error")
+                         or error_for(run, n)})
         table = pd.DataFrame(rows)
         sec.table(table.dropna(axis=1, how="all"))
     sections.append(sec)
@@ -181,6 +184,9 @@ def bench_sections(run, out: Path) -> list[Section]:
             sec.figure(F.stacked_breakdown(bd, "phase", order), "per-phase stacked bars by category")
         except Exception as e:  # noqa: BLE001
             sec.missing("the per-phase breakdown could not be drawn.", f"{type(e).__name__}: {e}")
+    elif bd is not None:
+        sec.note("The 'breakdown' table has no per-phase split (no 'phase' column): per-system totals only.",
+                 "warn")
     else:
         sec.missing("per-phase breakdown: this run has no 'breakdown' table; the per-system totals follow.",
                     error_for(run, "breakdown", "instrument"))

@@ -241,17 +241,29 @@ def render_study_report(study_or_run, out: str | Path | None = None, storage: st
                              f"{run.path}")
         name, url = _study_ref(run)
         url = storage or url
+        load_error = None
         if url:
-            study = load_study(name, url, Path(run.path))
-            df = trials_frame(study)
-            info = {"study": study.study_name, "storage": mask_url(url)}
-        elif run.has_table("trials"):
+            try:
+                study = load_study(name, url, Path(run.path))
+                df = trials_frame(study)
+                info = {"study": study.study_name, "storage": mask_url(url)}
+            except UsageError as e:
+                # a redacted or unreachable storage (e.g. PostgreSQL on another host): the run's own
+                # trials table still tells most of the story
+                if not run.has_table("trials"):
+                    raise
+                load_error = str(e)
+        if study is None:
+            if not run.has_table("trials"):
+                raise UsageError(f"study run {run.path} names no Optuna storage and has no trials table")
             df = run.table("trials")
-            info = {"study": name}
-        else:
-            raise UsageError(f"study run {run.path} names no Optuna storage and has no trials table")
+            info = {"study": name, "storage": mask_url(url)}
+            if load_error:
+                info["storage not opened"] = load_error
     if out is None:
         out = Path(run.path) / "report.html" if run is not None else Path(f"{study.study_name}-report.html")
+    elif Path(out).is_dir():     # a run directory given as the destination
+        out = Path(out) / "report.html"
     name = info.get("study") or "study"
     dev = ((run.meta.get("device") or {}).get("name") if run is not None else None) or \
         (study.user_attrs.get("device") if study is not None else None)

@@ -344,3 +344,48 @@ def test_kogtune_report_dispatches_on_kind(bench_run, study_run, tmp_path, capsy
     assert main(["report", "--study", "no-such-study", "--storage", url]) == 2
     assert "no study named" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "missing-run")]) == 2
+
+
+# ---- the shapes the other commands really write --------------------------------------------------
+def test_bench_report_with_the_engines_table_shapes(store, tmp_path):
+    """kogtune bench writes `breakdown` without a phase column and may record a failed system."""
+    run = synthetic.write_bench(store, drop=("breakdown", "timeline"))
+    doc = run.json("bench")
+    doc["systems"]["cuda-graph"] = {"tok_per_s": None, "error": "RuntimeError: graph capture failed"}
+    doc["systems"]["kog-grid"]["breakdown_error"] = "no instrumented run"
+    run.write_json("bench", doc)
+    bd = synthetic.breakdown_table(doc).groupby(["system", "category"], as_index=False)["seconds_per_token"].sum()
+    run.write_table("breakdown", bd)
+    secs = sections(render_bench_report(run, tmp_path / "b.html").read_text())
+    assert "no per-phase split" in secs["breakdown"] and "<img " in secs["breakdown"]
+    assert "graph capture failed" in secs["throughput"]
+    assert "<img " in secs["sync-share"]
+
+
+def test_study_report_for_search_callers(store, study_run, tmp_path):
+    """kogtune search calls render_study_report(study, run_dir); a run whose storage cannot be opened
+    (a redacted PostgreSQL URL) falls back to its trials table."""
+    import optuna
+    study = optuna.load_study(study_name=study_run.meta["study_name"],
+                              storage=f"sqlite:///{study_run.path / 'study.db'}")
+    d = tmp_path / "rundir"
+    d.mkdir()
+    assert render_study_report(study, d) == d / "report.html"
+    with store.create("study", synthetic.h200_device(), argv=["x"],
+                      extra={"study": "s", "storage": "postgresql://kog:***@127.0.0.1:9/optuna"}) as run:
+        run.write_table("trials", study.trials_dataframe().assign(state=lambda f: f["state"].astype(str)))
+    html = render_study_report(run, tmp_path / "t.html").read_text()
+    assert "storage not opened" in html and "<img " in sections(html)["history"]
+
+
+def test_bundled_scan_renders_when_present(tmp_path):
+    from kog.probe.scan import bundled_scan_path
+    from kog.reports.runstore import open_run
+    p = bundled_scan_path()
+    if not (p / "meta.json").exists():
+        pytest.skip("no bundled H200 scan in this checkout yet")
+    out = render_scan_report(open_run(p), tmp_path / "h200.html")
+    html = out.read_text()
+    assert out.stat().st_size <= 5 * 1024 * 1024
+    assert "could not be drawn" not in html, re.findall(r"Recorded error: <code>[^<]*", html)
+    assert_offline(html)
