@@ -74,6 +74,10 @@ def cli_probe_report(args) -> int:
         if getattr(args, "run", None):
             raise UsageError("give a RUN or --bundled, not both")
         run = _open(bundled_scan())
+        # never write into the package's data folder: the bundled scan's report goes to the current one
+        if not getattr(args, "output", None):
+            args.output = str(Path.cwd() / ("h200-scan-compare.html" if getattr(args, "compare", None)
+                                            else "h200-scan-report.html"))
     else:
         run = _open(args.run)
     if run.kind != "scan":

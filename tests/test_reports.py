@@ -322,6 +322,10 @@ def test_kogprobe_report_renders_the_bundled_scan(monkeypatch, scan_run, tmp_pat
     out = tmp_path / "b.html"
     assert main(["report", "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--bundled"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(tmp_path / "h200-scan-report.html")
+    assert not (Path(scan_run.path) / "report.html").exists()
 
 
 def test_kogprobe_report_refuses_a_bench_run(bench_run, capsys):
