@@ -393,3 +393,27 @@ def test_bundled_scan_renders_when_present(tmp_path):
     assert out.stat().st_size <= 5 * 1024 * 1024
     assert "could not be drawn" not in html, re.findall(r"Recorded error: <code>[^<]*", html)
     assert_offline(html)
+
+
+def test_bench_report_accepts_the_engines_raw_trace_table(store, tmp_path):
+    """The engine's trace table: one row per task with wait_ns, phase 'barrier' for grid barriers."""
+    rng = np.random.default_rng(7)
+    rows, t = [], 1_000_000
+    for step in range(2):
+        for task, phase in enumerate(["qkv", "attn", "barrier", "o", "gate_up", "down"]):
+            for cta in range(6):
+                d, w = int(rng.integers(500, 3000)), int(rng.integers(0, 400))
+                rows.append((cta, 100 + cta, step, task, phase, 0, t, t + d, 0 if phase == "barrier" else w))
+            t += 3500
+    raw = pd.DataFrame(rows, columns=["cta", "sm", "step", "task", "phase", "layer", "start_ns", "end_ns", "wait_ns"])
+    run = synthetic.write_bench(store, drop=("timeline",))
+    run.write_table("timeline", raw)
+    path = render_bench_report(run, tmp_path / "b.html")
+    sec = sections(path.read_text())["timeline"]
+    assert "Missing:" not in sec and "<img " in sec
+    doc = json.loads((tmp_path / "b.trace.json").read_text())
+    ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    waits = int((raw["wait_ns"] > 0).sum())
+    assert len(ev) == len(raw) + waits
+    assert sum(e["cat"] == "barrier" for e in ev) == int((raw["phase"] == "barrier").sum())
+    assert {e["pid"] for e in ev} == set(range(100, 106))
