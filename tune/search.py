@@ -77,6 +77,11 @@ def open_storage(url: str):
         parent = Path(u.database).parent
         if not parent.is_dir():
             raise UsageError(f"bad storage URL {url}: directory {parent} does not exist")
+    if backend == "postgresql" and u.drivername == "postgresql":
+        # SQLAlchemy >= 2.1 defaults to psycopg 3; the test extra installs psycopg2-binary: use what is there
+        import importlib.util
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            url = u.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
     kw: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
     params = inspect.signature(optuna.storages.RDBStorage.__init__).parameters
     kw["heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
