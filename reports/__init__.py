@@ -1,1 +1,15 @@
-"""kog.reports: the run store every command writes, and self-contained HTML reports of its runs."""
+"""kog.reports: the run store every command writes, and self-contained HTML reports of its runs.
+
+    from kog.reports import render_scan_report, render_bench_report, render_study_report, render_compare
+"""
+
+_LAZY = {"render_scan_report": "kog.reports.topology", "render_bench_report": "kog.reports.engine_report",
+         "render_study_report": "kog.reports.tuning", "render_compare": "kog.reports.compare"}
+
+
+def __getattr__(name):
+    # lazy: importing kog.reports (the run store) must not pull in matplotlib, pandas or optuna
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kog.reports' has no attribute {name!r}")
