@@ -153,9 +153,10 @@ def _():
     if "--quick" in sys.argv:
         return {}
     out = {}
-    grid = [dict(ctas_per_sm=c, bn_qkv=b, bn_o=b, bn_gate_up=b, bn_down=b, block_k=k)
-            for c, b, k in [(2, 4, 2048), (4, 2, 2048), (4, 4, 1024), (3, 4, 2048), (4, 8, 1024), (2, 8, 2048),
-                            (4, 4, 512), (8, 2, 1024)]]
+    grid = [dict(prefetch=0), dict(prefetch=1), dict(prefetch=4), dict(prefetch=8),
+            dict(ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8),
+            dict(block_k=1024), dict(ctas_per_sm=2, num_warps=8, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8),
+            dict(bn_lm=16), dict(ctas_per_sm=3)]
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:

@@ -30,7 +30,7 @@ class EngineConfig:
     bn_down: int = 4
     bn_lm: int = 8
     sync_rows: int = 0                # producer rows that share one readiness counter (0 = one per block_k)
-    prefetch: int = 1                 # weight chunks issued before the wait (0 = wait first, then load)
+    prefetch: int = 2                 # L2 prefetch distance: weights of the task this many ahead (0 = off)
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 64              # KV positions per attention step
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
@@ -74,7 +74,7 @@ class EngineConfig:
             need(self.ctas_per_sm <= max_ctas_per_sm,
                  f"ctas_per_sm {self.ctas_per_sm} exceeds the {max_ctas_per_sm} CTAs that fit on one SM")
         need(pow2(self.block_k), f"block_k {self.block_k} is not a power of two")
-        need(self.prefetch in (0, 1), f"prefetch {self.prefetch} not in 0,1")
+        need(0 <= self.prefetch <= 8, f"prefetch {self.prefetch} not in 0..8")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size

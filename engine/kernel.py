@@ -101,11 +101,40 @@ def _flush(cnt_ptr, pend_idx, pend_n):
 
 
 @triton.jit
-def _gemv(w_ptr, w_off, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
-          K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, TRACE: tl.constexpr,
-          VENDOR: tl.constexpr):
-    """acc[BN] = W[tile rows, :K] . x[:K] and sum(x*x). Each chunk's weight load is issued BEFORE the wait
-    for the matching chunk of x, so the HBM stream does not stop at a dependency."""
+def _load_tile(ptrs, kk, K: tl.constexpr, EVEN: tl.constexpr):
+    if EVEN:
+        w = tl.load(ptrs)
+    else:
+        w = tl.load(ptrs, mask=kk[None, :] < K, other=0.0)
+    return w
+
+
+@triton.jit
+def _load_x(x_ptr, g_ptr, kk, K: tl.constexpr, EVEN: tl.constexpr, NORM: tl.constexpr):
+    """A chunk of the input vector (times the RMSNorm weight when NORM). Plain cached loads: the acquire
+    that made the data visible also invalidated this SM's L1, and the data do not change in the phase."""
+    if EVEN:
+        x = tl.load(x_ptr + kk)
+        if NORM:
+            g = tl.load(g_ptr + kk)
+    else:
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        if NORM:
+            g = tl.load(g_ptr + kk, mask=kk < K, other=0.0)
+    if NORM:
+        xg = x * g
+    else:
+        xg = x
+    return x, xg
+
+
+@triton.jit
+def _gemv(w_ptr, w_off, x_ptr, g_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
+          K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, WAIT: tl.constexpr,
+          TRACE: tl.constexpr, VENDOR: tl.constexpr):
+    """acc[BN] = W[tile rows, :K] . (x * gamma)[:K] and sum(x*x). Each chunk's weight load is issued BEFORE
+    the wait for the matching chunk of x, so the HBM stream does not stop at a dependency."""
+    EVEN: tl.constexpr = K % BK == 0
     rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
     wrow = w_ptr + w_off + (rn * K).to(tl.int64)[:, None]
@@ -114,7 +143,7 @@ def _gemv(w_ptr, w_off, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr,
     waited = tl.zeros([], dtype=tl.int64)
     for k0 in range(0, K, BK):
         kk = k0 + rk
-        w = tl.load(wrow + kk[None, :], mask=kk[None, :] < K, other=0.0)
+        w = _load_tile(wrow + kk[None, :], kk, K, EVEN)
         if WAIT:
             if TRACE:
                 w0 = global_time_ns(VENDOR)
@@ -122,17 +151,18 @@ def _gemv(w_ptr, w_off, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr,
                                 err_ptr, max_spin, task)
             if TRACE:
                 waited += global_time_ns(VENDOR) - w0
-        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
-        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, NORM)
+        acc += tl.sum(w.to(tl.float32) * xg[None, :], axis=1)
         ss += tl.sum(x * x, axis=0)
     return acc, ss, waited, rb, rm
 
 
 @triton.jit
-def _gemv2(w_ptr, off_a, off_b, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
-           K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, TRACE: tl.constexpr,
+def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin,
+           task, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, TRACE: tl.constexpr,
            VENDOR: tl.constexpr):
-    """Two row tiles (gate and up) against the same x, sharing the waits and the x loads."""
+    """Two row tiles (gate and up) against the same normed x, sharing the waits and the x loads."""
+    EVEN: tl.constexpr = K % BK == 0
     rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
     ra = w_ptr + off_a + (rn * K).to(tl.int64)[:, None]
@@ -143,8 +173,8 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, s
     waited = tl.zeros([], dtype=tl.int64)
     for k0 in range(0, K, BK):
         kk = k0 + rk
-        wa = tl.load(ra + kk[None, :], mask=kk[None, :] < K, other=0.0)
-        wb = tl.load(rbp + kk[None, :], mask=kk[None, :] < K, other=0.0)
+        wa = _load_tile(ra + kk[None, :], kk, K, EVEN)
+        wb = _load_tile(rbp + kk[None, :], kk, K, EVEN)
         if WAIT:
             if TRACE:
                 w0 = global_time_ns(VENDOR)
@@ -152,12 +182,32 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, s
                                 err_ptr, max_spin, task)
             if TRACE:
                 waited += global_time_ns(VENDOR) - w0
-        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
-        xf = x[None, :]
-        acc_a += tl.sum(wa.to(tl.float32) * xf, axis=1)
-        acc_b += tl.sum(wb.to(tl.float32) * xf, axis=1)
+        x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, True)
+        acc_a += tl.sum(wa.to(tl.float32) * xg[None, :], axis=1)
+        acc_b += tl.sum(wb.to(tl.float32) * xg[None, :], axis=1)
         ss += tl.sum(x * x, axis=0)
     return acc_a, acc_b, ss, waited, rb, rm
+
+
+@triton.jit
+def _prefetch_l2(w_ptr, tasks_ptr, tj, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
+                 BN_DOWN: tl.constexpr, BN_LM: tl.constexpr, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr,
+                 NLP: tl.constexpr, VENDOR: tl.constexpr):
+    """Pull task tj's weight tile into L2 ahead of time (NVIDIA prefetch.global.L2, one per 128-byte line):
+    the weights of the next tasks stream while this one computes, and cost no registers."""
+    if VENDOR == 1:
+        typ = tl.load(tasks_ptr + tj * 8)
+        off = tl.load(tasks_ptr + tj * 8 + 4).to(tl.int64) * 64
+        n = tl.where(typ == 0, BN_QKV * H, tl.where(typ == 2, BN_O * QS, tl.where(typ == 3, BN_GU * H,
+                     tl.where(typ == 4, BN_DOWN * I, tl.where(typ == 5, BN_LM * H, 0)))))
+        nl = n // 64
+        if nl > 0:
+            ln = tl.minimum(tl.arange(0, NLP), nl - 1).to(tl.int64) * 64
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [w_ptr + off + ln],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+            if typ == 3:   # gate_up: the up tile lies I*H elements after the gate tile
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l",
+                                          [w_ptr + off + I * H + ln], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -241,7 +291,7 @@ def monokernel(
     # sync, errors, trace
     sync_ptr, err_ptr, trace_ptr, trace_tokens, trace_cap,
     # run parameters
-    pos0, n_tokens, max_seq, window, force, seed, inv_temp, top_k, top_p, eps, sm_scale, max_spin, bar_per_tok,
+    pos0, n_tokens, max_seq, window, fnorm_off, force, seed, inv_temp, top_k, top_p, eps, sm_scale, max_spin, bar_per_tok,
     # shapes
     H: tl.constexpr, I: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     HD: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
@@ -251,11 +301,12 @@ def monokernel(
     BK: tl.constexpr, BT: tl.constexpr, GPOW: tl.constexpr,
     MODE: tl.constexpr, PREFETCH: tl.constexpr, SAMPLE: tl.constexpr,
     TRACE: tl.constexpr, VENDOR: tl.constexpr, FILTER_ITERS: tl.constexpr,
+    PF_DIST: tl.constexpr, NLP: tl.constexpr,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
     WAIT: tl.constexpr = MODE == 1
-    PF: tl.constexpr = PREFETCH == 1
+    BK_GU: tl.constexpr = BK // 2 if BK >= 128 else BK   # gate+up: two tiles, same registers as one
     nprog = tl.num_programs(0)
     pid = tl.program_id(0)
     rs = tl.arange(0, GPOW)
@@ -294,13 +345,17 @@ def monokernel(
                 typ = tl.load(trow)
                 layer = tl.load(trow + 1)
                 tile = tl.load(trow + 2)
-                w_off = tl.load(trow + 4).to(tl.uint32).to(tl.int64) | (tl.load(trow + 5).to(tl.int64) << 32)
+                w_off = tl.load(trow + 4).to(tl.int64) * 64   # stored in units of 64 elements: 128-byte aligned
                 rel = tl.load(trow + 6)
                 cb = tl.load(trow + 7)
                 if rel != pend_idx:
                     _flush(cnt_ptr, pend_idx, pend_n)
                     pend_idx = rel
                     pend_n = 0
+                if PF_DIST > 0:
+                    if ti + PF_DIST < t_hi:
+                        _prefetch_l2(w_ptr, tasks_ptr, ti + PF_DIST, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, H, I, QS,
+                                     NLP, VENDOR)
                 if TRACE:
                     t_start = global_time_ns(VENDOR)
                 else:
@@ -311,9 +366,10 @@ def monokernel(
                     rows = tile * BN_QKV + tl.arange(0, BN_QKV)
                     # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
                     # always-ready dummy counters
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0), cnt_ptr,
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                    small_ptr + tl.load(soff_ptr + layer * 8 + 3), cnt_ptr,
                                                     tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, H, BN_QKV, BK, WAIT, TRACE, VENDOR)
+                                                    max_spin, ti, H, BN_QKV, BK, True, WAIT, TRACE, VENDOR)
                     y = acc * (1.0 / tl.sqrt(ss / H + eps))
                     if HAS_BIAS:
                         y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
@@ -339,18 +395,19 @@ def monokernel(
                     pend_n += 1
                 elif typ == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), cnt_ptr,
-                                                    tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, QS, BN_O, BK, WAIT, TRACE, VENDOR)
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr,
+                                                    cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr,
+                                                    err_ptr, max_spin, ti, QS, BN_O, BK, False, WAIT, TRACE, VENDOR)
                     h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
                     tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, h + acc)
                     pend_n += 1
                 elif typ == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
                     ag, au, ss, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
-                                                        act_ptr + tl.load(aoff_ptr + lrow + 3), cnt_ptr, tgt_ptr, cb,
-                                                        tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin,
-                                                        ti, H, BN_GU, BK, WAIT, TRACE, VENDOR)
+                                                        act_ptr + tl.load(aoff_ptr + lrow + 3),
+                                                        small_ptr + tl.load(soff_ptr + layer * 8 + 4), cnt_ptr, tgt_ptr,
+                                                        cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr,
+                                                        max_spin, ti, H, BN_GU, BK_GU, WAIT, TRACE, VENDOR)
                     r = 1.0 / tl.sqrt(ss / H + eps)
                     gt = ag * r
                     y = gt / (1.0 + tl.exp(-gt)) * (au * r)
@@ -358,17 +415,18 @@ def monokernel(
                     pend_n += 1
                 elif typ == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), cnt_ptr,
-                                                    tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, I, BN_DOWN, BK, WAIT, TRACE, VENDOR)
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr,
+                                                    cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr,
+                                                    err_ptr, max_spin, ti, I, BN_DOWN, BK, False, WAIT, TRACE, VENDOR)
                     hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
                     tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, hm + acc)
                     pend_n += 1
                 elif typ == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0), cnt_ptr,
+                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                    small_ptr + fnorm_off, cnt_ptr,
                                                     tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, H, BN_LM, BK, WAIT, TRACE, VENDOR)
+                                                    max_spin, ti, H, BN_LM, BK, True, WAIT, TRACE, VENDOR)
                     lg = acc * (1.0 / tl.sqrt(ss / H + eps))
                     if write_logits != 0:
                         tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)

@@ -77,31 +77,34 @@ class Monokernel:
             start, o = o, o + t.numel()
             return start
 
-        def fold(m: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-            # RMSNorm weight folded into the consumer's columns: W' = W * diag(gamma)
-            return (m.float() * gamma.float()[None, :]).to(dt)
-
         for i in range(cfg.num_layers):
             L = w.layer(i)
-            offs[i, 0] = add(fold(L["wqkv"], L["attn_norm"]))
+            offs[i, 0] = add(L["wqkv"])
             offs[i, 1] = add(L["wo"])
-            offs[i, 2] = add(fold(L["w_gate"], L["ffn_norm"]))
-            offs[i, 3] = add(fold(L["w_up"], L["ffn_norm"]))
+            offs[i, 2] = add(L["w_gate"])
+            offs[i, 3] = add(L["w_up"])          # must follow w_gate: the kernel finds it at +I*H
             offs[i, 4] = add(L["w_down"])
-        offs[cfg.num_layers, 0] = add(fold(w["lm_head"], w["norm"]))
+        offs[cfg.num_layers, 0] = add(w["lm_head"])
+        assert (offs % 64 == 0).all(), "every tile offset must be 128-byte aligned"
         self.wbuf = torch.cat(mats).to(dev)
         del mats
         self._woff_np = offs
         self.woff = torch.tensor(offs, device=dev)
-        # small fp32 parameters: q/k/v bias, q_norm, k_norm
-        small, soffs, so = [torch.zeros(1)], np.zeros((cfg.num_layers, 8), dtype=np.int64), 1
+        # small fp32 parameters: q/k/v bias, q_norm, k_norm, the RMSNorm weights (applied to x in-kernel,
+        # not folded into the matrices, so the streamed weights are bit-identical to the checkpoint's)
+        small, soffs, so = [torch.zeros(64)], np.zeros((cfg.num_layers, 8), dtype=np.int64), 64
         for i in range(cfg.num_layers):
             L = w.layer(i)
-            for j, name in ((0, "bqkv"), (1, "q_norm"), (2, "k_norm")):
+            for j, name in ((0, "bqkv"), (1, "q_norm"), (2, "k_norm"), (3, "attn_norm"), (4, "ffn_norm")):
                 if name in L:
                     soffs[i, j] = so
                     small.append(L[name].float().cpu().view(-1))
                     so += L[name].numel()
+                    pad = (-so) % 16                 # keep every vector 64-byte aligned
+                    small.append(torch.zeros(pad))
+                    so += pad
+        self.fnorm_off = so
+        small.append(w["norm"].float().cpu().view(-1))
         self.small = torch.cat(small).to(dev)
         self.soff = torch.tensor(soffs, device=dev)
         self.embed = w["embed"]
@@ -177,11 +180,11 @@ class Monokernel:
             rel[:] = -1                                   # grid mode publishes nothing: barriers order phases
         out = np.zeros((len(t), 8), dtype=np.int64)
         out[:, :4] = t
-        out[:, 4] = woff & 0xFFFFFFFF
-        out[:, 5] = woff >> 32
+        assert (woff % 64 == 0).all()
+        out[:, 4] = woff // 64                            # in units of 64 elements (alignment known to the compiler)
+        out[:, 5] = 0
         out[:, 6] = rel
         out[:, 7] = wait
-        out[:, 4] = np.where(out[:, 4] >= 2**31, out[:, 4] - 2**32, out[:, 4])   # store the low word as int32 bits
         return out.astype(np.int32)
 
     # ---- launching ------------------------------------------------------------------------------------
@@ -206,7 +209,7 @@ class Monokernel:
                 self.tasks, self.cta_start, self.layout, self.rpc, self.target, self.cnt, self.dummy_base,
                 self.smid_tab, 1 if e.mapping == "topology" else 0,
                 self.sync, self.err, self.trace, self.trace_tokens if trace else 0, self.trace_cap,
-                pos0, n, self.max_seq, int(window), 1 if forced is not None else 0, int(seed),
+                pos0, n, self.max_seq, int(window), int(self.fnorm_off), 1 if forced is not None else 0, int(seed),
                 1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
                 1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
         meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
@@ -215,7 +218,8 @@ class Monokernel:
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
                     PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
-                    VENDOR=self.vendor, FILTER_ITERS=24, num_warps=e.num_warps)
+                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=self._nlp(),
+                    num_warps=e.num_warps)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
@@ -229,6 +233,13 @@ class Monokernel:
         monokernel[(p.grid,)](*args, **meta)
         self._check_error()
         return out, (logits if write_logits else None)
+
+    def _nlp(self) -> int:
+        """128-byte lines of the largest weight tile (power of two): the L2 prefetch vector's length."""
+        c, e = self.cfg, self.ecfg
+        n = max(e.bn_qkv * c.hidden_size, e.bn_o * c.q_size, e.bn_gate_up * c.hidden_size,
+                e.bn_down * c.intermediate_size, e.bn_lm * c.hidden_size) // 64
+        return _next_pow2(n)
 
     def _check_residency(self, k) -> None:
         """Refuse a grid larger than what fits on the SMs at once (a persistent grid must be co-resident)."""
