@@ -41,6 +41,12 @@ def scan_html(scan_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def small_scan(store):
+    """A scan with two tables: quick to render, for the CLI tests."""
+    return synthetic.write_scan(store, drop=set(synthetic.SCAN_TABLES) - {"latency", "bandwidth"})
+
+
+@pytest.fixture(scope="module")
 def bench_run(store):
     return synthetic.write_bench(store, model=EVIL)
 
@@ -293,7 +299,8 @@ def test_compare_benches_and_studies(store, bench_run, study_run, tmp_path):
 
 
 # ---- CLIs ----------------------------------------------------------------------------------------
-def test_kogprobe_report_prints_the_path_last(scan_run, tmp_path, capsys):
+def test_kogprobe_report_prints_the_path_last(small_scan, tmp_path, capsys):
+    scan_run = small_scan
     from kog.probe.cli import main
     out = tmp_path / "r.html"
     assert main(["report", str(scan_run.path), "-o", str(out)]) == 0
@@ -315,7 +322,8 @@ def test_kogprobe_report_without_bundled_scan_is_one_line(monkeypatch, tmp_path,
     assert len(err) == 1 and "no bundled scan yet" in err[0]
 
 
-def test_kogprobe_report_renders_the_bundled_scan(monkeypatch, scan_run, tmp_path, capsys):
+def test_kogprobe_report_renders_the_bundled_scan(monkeypatch, small_scan, tmp_path, capsys):
+    scan_run = small_scan
     import kog.probe.scan as scan
     from kog.probe.cli import main
     monkeypatch.setattr(scan, "bundled_scan_path", lambda: Path(scan_run.path))
@@ -334,8 +342,9 @@ def test_kogprobe_report_refuses_a_bench_run(bench_run, capsys):
     assert "kogtune report" in capsys.readouterr().err
 
 
-def test_kogtune_report_dispatches_on_kind(bench_run, study_run, tmp_path, capsys):
+def test_kogtune_report_dispatches_on_kind(store, study_run, tmp_path, capsys):
     from kog.tune.cli import main
+    bench_run = synthetic.write_bench(store, drop=("timeline",))
     for run, marker in ((bench_run, "kog engine report"), (study_run, "kog tuning report")):
         out = tmp_path / f"{run.kind}.html"
         assert main(["report", str(run.path), "-o", str(out)]) == 0
