@@ -63,6 +63,8 @@ def check(cfg, ecfg, n=8, prompt=None):
 
 @section("small")
 def _():
+    if "--sweep-only" in sys.argv:
+        return {}
     out = {}
     base = PRESETS["tiny"]
     variants = {
@@ -127,6 +129,8 @@ def perf(ecfg, n=512, repeats=3, trace=True):
 
 @section("llama1b_correct")
 def _():
+    if "--sweep-only" in sys.argv:
+        return {}
     cfg, w = llama_1b()
     out = {}
     prompt = list(range(100, 164))
@@ -145,6 +149,8 @@ def _():
 
 @section("llama1b_perf")
 def _():
+    if "--sweep-only" in sys.argv:
+        return {}
     return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
 
 
@@ -153,14 +159,21 @@ def _():
     if "--quick" in sys.argv:
         return {}
     out = {}
-    grid = [dict(prefetch=0), dict(prefetch=1), dict(prefetch=4), dict(prefetch=8),
-            dict(ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8),
-            dict(block_k=1024), dict(ctas_per_sm=2, num_warps=8, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8),
-            dict(bn_lm=16), dict(ctas_per_sm=3)]
+    B = lambda n: dict(bn_qkv=n, bn_o=n, bn_gate_up=n, bn_down=n)
+    grid = [dict(prefetch=0, bn_lm=4), dict(prefetch=0, bn_lm=4, attn_block=128),
+            dict(prefetch=0, bn_lm=4, block_k=1024), dict(prefetch=0, bn_lm=2, **B(2)),
+            dict(prefetch=0, ctas_per_sm=3, bn_lm=4), dict(prefetch=0, ctas_per_sm=2, bn_lm=8, **B(8)),
+            dict(prefetch=0, ctas_per_sm=2, bn_lm=8, **B(8), attn_block=128),
+            dict(prefetch=0, ctas_per_sm=2, bn_lm=4, **B(4)), dict(prefetch=1, ctas_per_sm=2, bn_lm=8, **B(8)),
+            dict(prefetch=0, ctas_per_sm=2, bn_lm=8, **B(8), block_k=1024),
+            dict(prefetch=0, ctas_per_sm=1, num_warps=8, bn_lm=16, **B(16)),
+            dict(prefetch=0, ctas_per_sm=2, num_warps=8, bn_lm=16, **B(16)),
+            dict(prefetch=0, ctas_per_sm=4, num_warps=2, bn_lm=2, **B(2)),
+            dict(prefetch=0, ctas_per_sm=2, bn_lm=8, **B(8), mode="grid")]
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:
-            out[key] = perf(EngineConfig(**g), n=256, repeats=3, trace=False)
+            out[key] = perf(EngineConfig(**g), n=256, repeats=2, trace=False)
         except Exception as e:
             out[key] = {"error": repr(e)[:500]}
         print(key, out[key], flush=True)
