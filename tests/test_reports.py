@@ -426,3 +426,10 @@ def test_bench_report_accepts_the_engines_raw_trace_table(store, tmp_path):
     assert len(ev) == len(raw) + waits
     assert sum(e["cat"] == "barrier" for e in ev) == int((raw["phase"] == "barrier").sum())
     assert {e["pid"] for e in ev} == set(range(100, 106))
+
+
+def test_paths_in_reports_are_escaped(tmp_path):
+    store = RunStore(tmp_path / "<b>runs</b>")
+    a = synthetic.write_scan(store, drop=set(synthetic.SCAN_TABLES) - {"latency"})
+    html = render_compare(a, a, tmp_path / "c.html").read_text()
+    assert "<b>runs</b>" not in html and "&lt;b&gt;runs&lt;/b&gt;" in html
