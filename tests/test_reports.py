@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -168,9 +167,12 @@ def test_cluster_order_groups_similar_sms():
     assert runs == 3, groups[order]
 
 
-def test_figures_leave_no_pyplot_state(scan_html, bench_html):
-    if "matplotlib.pyplot" in sys.modules:
-        assert sys.modules["matplotlib.pyplot"].get_fignums() == []
+def test_reports_leave_no_pyplot_figures(small_scan, study_run, tmp_path):
+    import matplotlib.pyplot as plt
+    before = set(plt.get_fignums())
+    render_scan_report(small_scan, tmp_path / "a.html")
+    render_study_report(study_run, tmp_path / "b.html")      # optuna's plots draw through pyplot
+    assert set(plt.get_fignums()) == before
 
 
 # ---- engine --------------------------------------------------------------------------------------
@@ -246,8 +248,6 @@ def test_study_report(study_run, tmp_path):
     assert "compile error: out of shared memory" in secs["failed"]
     assert secs["top"].count("<tr>") >= 10
     assert_offline(html)
-    if "matplotlib.pyplot" in sys.modules:
-        assert sys.modules["matplotlib.pyplot"].get_fignums() == []
 
 
 def test_study_report_from_a_study_object_and_from_a_trials_table(store, tmp_path):
