@@ -7,7 +7,7 @@ object with
     teacher_forced_logits(prompt_ids, forced_ids) -> [n, V]   optional: prefill the prompt but its last token,
                                                       then feed prompt[-1], forced[0..n-2]; row j predicts forced[j]
     breakdown() -> {category: seconds_per_token}      optional: streaming / waiting / barrier / other
-                                                      (other numeric keys are kept as breakdown_extra)
+                                                      (other JSON-able keys are kept as breakdown_extra)
 A run that returns fewer than n tokens (stopped at EOS) is rated over the tokens it made and marked
 stopped_early; a system should ignore EOS under the bench.
 
@@ -150,6 +150,14 @@ def reference_greedy(cfg, weights, prompt: list[int], n: int):
     return toks, out
 
 
+def _jsonable(v) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
 def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: list[int], n: int, repeats: int,
                  ref_tokens: list[int] | None, ref_logits, advance: Callable[[], None] = lambda: None) -> dict:
     """Build, warm up, then time `repeats` runs of one system; correctness against the reference."""
@@ -189,8 +197,7 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
             try:
                 bd = dict(sysobj.breakdown())
                 rec["breakdown"] = {k: float(bd[k]) for k in BREAKDOWN_CATEGORIES if k in bd}
-                extra = {k: float(v) for k, v in bd.items()
-                         if k not in BREAKDOWN_CATEGORIES and isinstance(v, (int, float))}
+                extra = {k: v for k, v in bd.items() if k not in BREAKDOWN_CATEGORIES and _jsonable(v)}
                 if extra:
                     rec["breakdown_extra"] = extra
             except Exception as e:

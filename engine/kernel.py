@@ -211,11 +211,40 @@ def _prefetch_l2(w_ptr, tasks_ptr, tj, BN_QKV: tl.constexpr, BN_O: tl.constexpr,
 
 
 @triton.jit
-def _attention(qkv_ptr, attn_ptr, kbase, vbase, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, pos, window, eps, sm_scale,
-               HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr,
+def _cache_block(kbase, vbase, p0, pos, HD: tl.constexpr, BT: tl.constexpr):
+    """K and V of cache positions [p0, p0 + BT) below pos: history written by earlier tokens, so it can be
+    loaded before this token's q/k/v exist."""
+    d = tl.arange(0, HD)
+    t = tl.arange(0, BT)
+    pm = (p0 + t) < pos
+    kb = tl.load(kbase + (p0 + t)[:, None] * HD + d[None, :], mask=pm[:, None], other=0.0)
+    vb = tl.load(vbase + (p0 + t)[:, None] * HD + d[None, :], mask=pm[:, None], other=0.0)
+    return kb, vb
+
+
+@triton.jit
+def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, BT: tl.constexpr):
+    """Online-softmax update with one block of cached positions [p0, p0 + BT) (those < pos count)."""
+    t = tl.arange(0, BT)
+    s = tl.dot(qb, tl.trans(kb))                      # [GP, BT]
+    s = tl.where(((p0 + t) < pos)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attention(qkv_ptr, attn_ptr, kbase, vbase, kb0, vb0, p_lo, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, pos, eps,
+               sm_scale, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr,
                BT: tl.constexpr, QK_NORM: tl.constexpr):
-    """Attention of the G query heads of KV head g at position pos over cache positions
-    [max(0, pos - window + 1), pos] (window 0: no sliding window). Writes this position's k, v first."""
+    """Attention of the G query heads of KV head g at position pos over positions [p_lo, pos].
+
+    kb0/vb0: the first cache block [p_lo, p_lo + BT), loaded by the caller before it waited for q/k/v.
+    This position's k/v enter the softmax straight from registers (and are written to the cache for the
+    tokens after), so no read-back and no CTA barrier sit on the critical path."""
     d = tl.arange(0, HD)
     half: tl.constexpr = HD // 2
     dp = (d + half) % HD                         # rotate_half partner
@@ -241,29 +270,19 @@ def _attention(qkv_ptr, attn_ptr, kbase, vbase, cos_ptr, sin_ptr, qn_ptr, kn_ptr
     sin = tl.load(sin_ptr + pos * HD + d)
     q = (q * cos[None, :] + sgn[None, :] * qs * sin[None, :]) * sm_scale
     k = k * cos + sgn * ks * sin
-    tl.store(kbase + pos * HD + d, k.to(kbase.dtype.element_ty))
-    tl.store(vbase + pos * HD + d, v.to(vbase.dtype.element_ty))
-    tl.debug_barrier()
+    kc = k.to(kbase.dtype.element_ty)
+    vc = v.to(vbase.dtype.element_ty)
+    tl.store(kbase + pos * HD + d, kc)
+    tl.store(vbase + pos * HD + d, vc)
     qb = q.to(kbase.dtype.element_ty)
-    m_i = tl.full([GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, HD], dtype=tl.float32)
-    t = tl.arange(0, BT)
-    p_lo = 0
-    if window > 0:
-        p_lo = tl.maximum(pos - window + 1, 0)
-    for p0 in range(p_lo, pos + 1, BT):
-        pm = (p0 + t) <= pos
-        kb = tl.load(kbase + (p0 + t)[:, None] * HD + d[None, :], mask=pm[:, None], other=0.0)
-        vb = tl.load(vbase + (p0 + t)[:, None] * HD + d[None, :], mask=pm[:, None], other=0.0)
-        s = tl.dot(qb, tl.trans(kb))                      # [GP, BT]
-        s = tl.where(pm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
-        m_i = m_new
+    # the new position first (scores as the cache would give them: k, v rounded to the cache dtype)
+    m_i = tl.sum(qb.to(tl.float32) * kc.to(tl.float32)[None, :], axis=1)
+    l_i = tl.full([GP], 1.0, tl.float32)
+    acc = tl.zeros([GP, HD], dtype=tl.float32) + vc.to(tl.float32)[None, :]
+    m_i, l_i, acc = _attn_block(qb, kb0, vb0, p_lo, pos, m_i, l_i, acc, BT)
+    for p0 in range(p_lo + BT, pos, BT):
+        kb, vb = _cache_block(kbase, vbase, p0, pos, HD, BT)
+        m_i, l_i, acc = _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, BT)
     o = acc / l_i[:, None]
     tl.store(attn_ptr + qrow + d[None, :], o, mask=qm[:, None])
 
@@ -377,6 +396,11 @@ def monokernel(
                     pend_n += 1
                 elif typ == T_ATTN:
                     g = tile
+                    kbase = cache_ptr + tl.cast(layer, tl.int64) * 2 * kc_layer + tl.cast(g, tl.int64) * max_seq * HD
+                    p_lo = 0
+                    if window > 0:
+                        p_lo = tl.maximum(pos - window + 1, 0)
+                    kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p_lo, pos, HD, BT)   # before the wait
                     if WAIT:
                         rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1, rb, rm,
                                             sync_ptr, err_ptr, max_spin, ti)
@@ -386,12 +410,11 @@ def monokernel(
                                             t1, rb, rm, sync_ptr, err_ptr, max_spin, ti)
                         if TRACE:
                             waited = global_time_ns(VENDOR) - t_start
-                    kbase = cache_ptr + tl.cast(layer, tl.int64) * 2 * kc_layer + tl.cast(g, tl.int64) * max_seq * HD
                     _attention(act_ptr + tl.load(aoff_ptr + lrow + 1), act_ptr + tl.load(aoff_ptr + lrow + 2), kbase,
-                               kbase + kc_layer, cos_ptr, sin_ptr,
+                               kbase + kc_layer, kb0, vb0, p_lo, cos_ptr, sin_ptr,
                                small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                small_ptr + tl.load(soff_ptr + layer * 8 + 2),
-                               g, pos, window, eps, sm_scale, HD, G, GP, QS, KVS, BT, QK_NORM)
+                               g, pos, eps, sm_scale, HD, G, GP, QS, KVS, BT, QK_NORM)
                     pend_n += 1
                 elif typ == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)

@@ -184,13 +184,22 @@ def test_bench_system_records_errors_and_goes_on():
     assert abs(rec["max_rel_err"] - 0.01) < 1e-4 and rec["breakdown"]["streaming"] == 1e-3
 
 
-def test_run_bench_pipeline_on_cpu(tmp_path):
+def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
     """The whole bench bookkeeping (systems, errors, run directory, JSON keys) with the CPU stand-in."""
-    from kog.engine.bench import run_bench
+    from kog.engine import bench
     from kog.reports.runstore import open_run
-    out, path = run_bench("tiny", tokens=5, prompt_tokens=6, repeats=2,
-                          systems="reference-eager,hf-transformers,kog-grid", runs_dir=str(tmp_path / "runs"),
-                          json_out=str(tmp_path / "b.json"), progress=False, cpu_for_tests=True)
+    bench.available_systems()
+    monkeypatch.setitem(bench._REGISTRY, "kog-grid", bench._not_built("kog-grid", "not built"))
+
+    class Traced(bench._REGISTRY["reference-eager"]):
+        def breakdown(self):
+            return {"streaming": 2e-3, "waiting": 1e-4, "barrier": 0.0, "other": 1e-5,
+                    "phases": {"qkv": 1e-4}, "table": object()}
+    monkeypatch.setitem(bench._REGISTRY, "traced", Traced)
+    out, path = bench.run_bench("tiny", tokens=5, prompt_tokens=6, repeats=2,
+                                systems="reference-eager,hf-transformers,kog-grid,traced",
+                                runs_dir=str(tmp_path / "runs"), json_out=str(tmp_path / "b.json"), progress=False,
+                                cpu_for_tests=True)
     assert set(out) == {"device", "date", "git_commit", "versions", "model", "dtype", "prompt_tokens",
                         "new_tokens", "copy_GBps", "weight_bytes_per_token", "limit_tok_per_s", "systems"}
     assert out["limit_tok_per_s"] == pytest.approx(out["copy_GBps"] * 1e9 / out["weight_bytes_per_token"])
@@ -198,11 +207,12 @@ def test_run_bench_pipeline_on_cpu(tmp_path):
     assert s["reference-eager"]["tok_per_s"] > 0 and s["reference-eager"]["first_divergence"] is None
     assert len(s["reference-eager"]["runs_tok_per_s"]) == 2
     assert s["hf-transformers"]["tok_per_s"] > 0 and s["hf-transformers"]["first_divergence"] is None
-    if importlib.util.find_spec("kog.engine.monokernel") is None:
-        assert "not built" in s["kog-grid"]["error"]
+    assert s["kog-grid"]["error"] == "not built" and s["kog-grid"]["tok_per_s"] is None
+    assert s["traced"]["breakdown"]["streaming"] == 2e-3 and s["traced"]["breakdown_extra"] == {"phases": {"qkv": 1e-4}}
     run = open_run(path)
-    assert run.kind == "bench" and run.status == "complete"
+    assert run.kind == "bench" and run.status == "complete" and "kog-grid" in run.meta["errors"]
     t = run.table("systems")
-    assert list(t["system"]) == ["reference-eager", "hf-transformers", "kog-grid"]
+    assert list(t["system"]) == ["reference-eager", "hf-transformers", "kog-grid", "traced"]
     assert run.json("bench") == json.loads((tmp_path / "b.json").read_text())
-    assert list(run.table("breakdown").columns) == ["system", "category", "seconds_per_token"]
+    bd = run.table("breakdown")
+    assert list(bd.columns) == ["system", "category", "seconds_per_token"] and set(bd["system"]) == {"traced"}
