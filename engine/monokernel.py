@@ -343,14 +343,19 @@ class Monokernel:
     def breakdown(self, prompt_ids=None, n: int = 64) -> dict[str, Any]:
         """Where a token's time goes, from an instrumented run: seconds per token (CTA-averaged) in
         streaming (task time not spent waiting), waiting (on dependencies), barrier (grid mode) and other
-        (task decode, sampling, token hand-off), plus per-phase numbers and the raw trace (pandas)."""
+        (task decode, sampling, token hand-off), plus per-phase numbers and the raw trace (pandas).
+        Also the instrumentation's cost: the same run untraced vs traced (`trace_overhead`)."""
         from kog.engine.trace import breakdown_from_trace
-        if prompt_ids is not None or self._last_trace is None:
-            if self.trace_tokens == 0:
-                raise ConfigError("breakdown() needs Monokernel(..., trace_tokens=N)")
-            self.generate(prompt_ids if prompt_ids is not None else [1, 2, 3, 4], n, trace=True)
-        return breakdown_from_trace(self._last_trace, self.plan, self._last_ms_per_token * 1e-3,
-                                    self.trace_tokens)
+        if self.trace_tokens == 0:
+            raise ConfigError("breakdown() needs Monokernel(..., trace_tokens=N)")
+        prompt = list(prompt_ids) if prompt_ids is not None else [1, 2, 3, 4]
+        self.generate(prompt, n, trace=True)               # compiles the traced variant
+        _, plain = self.generate(prompt, n)
+        _, traced = self.generate(prompt, n, trace=True)
+        out = breakdown_from_trace(self._last_trace, self.plan, self._last_ms_per_token * 1e-3, self.trace_tokens)
+        out["trace_overhead"] = traced / plain - 1.0
+        out["untraced_seconds_per_token"] = plain / n
+        return out
 
 
 def precompile(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> None:
