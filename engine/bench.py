@@ -34,6 +34,9 @@ KOG_SYSTEMS = ("kog-targeted", "kog-grid")
 # Baselines first: a monokernel that faults the CUDA context then cannot take the baselines' numbers with it.
 DEFAULT_SYSTEMS = ("torch-compile", "cuda-graph", "reference-eager", "hf-transformers", "kog-grid", "kog-targeted")
 BREAKDOWN_CATEGORIES = ("streaming", "waiting", "barrier", "other")
+# The instrumented run's trace goes into the run as table `timeline`: whole traced tokens, at most this
+# many rows per system (at least one token), so a bench run stays a few MB and its report draws quickly.
+TIMELINE_ROWS_PER_SYSTEM = 100_000
 HF_MAX_TOKENS = 64      # HF generate runs ~13 tok/s on the H200: its rate is measured over fewer tokens
 
 
@@ -158,9 +161,32 @@ def _jsonable(v) -> bool:
         return False
 
 
+def sample_timeline(df, max_rows: int | None = None):
+    """Whole traced tokens of a trace table (engine/trace.py trace_table), from the second token on (the
+    first carries the launch's start-up) while they fit in max_rows (TIMELINE_ROWS_PER_SYSTEM); at least
+    one token."""
+    max_rows = TIMELINE_ROWS_PER_SYSTEM if max_rows is None else max_rows
+    if df is None or len(df) == 0 or "step" not in df.columns:
+        return df
+    steps = sorted(df["step"].unique())
+    if len(steps) > 1:
+        steps = steps[1:]
+    counts = df["step"].value_counts()
+    keep, rows = [], 0
+    for st in steps:
+        if keep and rows + counts[st] > max_rows:
+            break
+        keep.append(st)
+        rows += int(counts[st])
+    return df[df["step"].isin(keep)].reset_index(drop=True)
+
+
 def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: list[int], n: int, repeats: int,
-                 ref_tokens: list[int] | None, ref_logits, advance: Callable[[], None] = lambda: None) -> dict:
-    """Build, warm up, then time `repeats` runs of one system; correctness against the reference."""
+                 ref_tokens: list[int] | None, ref_logits, advance: Callable[[], None] = lambda: None,
+                 traces: dict | None = None) -> dict:
+    """Build, warm up, then time `repeats` runs of one system; correctness against the reference.
+    With `traces`, the instrumented run's trace table (sysobj.trace_table after breakdown(), sampled by
+    sample_timeline) goes into traces[name]."""
     import torch
     rec: dict[str, Any] = {}
     sysobj = None
@@ -202,6 +228,12 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
                     rec["breakdown_extra"] = extra
             except Exception as e:
                 rec["breakdown_error"] = f"{type(e).__name__}: {e}"[:500]
+            tt = getattr(sysobj, "trace_table", None)
+            if traces is not None and tt is not None and hasattr(tt, "columns") and len(tt):
+                try:
+                    traces[name] = sample_timeline(tt)
+                except Exception as e:
+                    rec["timeline_error"] = f"{type(e).__name__}: {e}"[:500]
         for attr in ("compile_seconds", "note", "cache_implementation"):
             if getattr(sysobj, attr, None) not in (None, ""):
                 rec[attr] = getattr(sysobj, attr)
@@ -268,11 +300,12 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
         bar.advance(task)
         wbpt = cfg.weight_bytes_per_token()
         results: dict[str, dict] = {}
+        traces: dict[str, Any] = {}
         for name in names:
             bar.update(task, description=name)
             done0 = bar.tasks[0].completed
             rec = bench_system(name, known[name], cfg, w, device, prompt, tokens, repeats, ref_tokens,
-                               ref_logits, advance=lambda: bar.advance(task))
+                               ref_logits, advance=lambda: bar.advance(task), traces=traces)
             bar.update(task, completed=done0 + repeats + 1)
             if rec.get("error"):
                 run.note_error(name, rec["error"])
@@ -298,9 +331,12 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
                  "runs_tok_per_s": [float(x) for x in v.get("runs_tok_per_s", [])],
                  "error": v.get("error")} for k, v in results.items()]
         run.write_table("systems", pd.DataFrame(rows))
-        bd = [{"system": k, "category": c, "seconds_per_token": s}
-              for k, v in results.items() for c, s in (v.get("breakdown") or {}).items()]
-        run.write_table("breakdown", pd.DataFrame(bd, columns=["system", "category", "seconds_per_token"]))
+        from kog.reports.bench_tables import phase_breakdown
+        run.write_table("breakdown", phase_breakdown(results))
+        if traces:
+            tl = pd.concat([t.drop(columns="system", errors="ignore").assign(system=k) for k, t in traces.items()],
+                           ignore_index=True)
+            run.write_table("timeline", tl[["system", *tl.columns.drop("system")]])
         run.write_json("bench", out)
         if json_out:
             p = Path(json_out)
@@ -323,10 +359,21 @@ def _summary_lines(out: dict) -> list[str]:
     return lines
 
 
+def render_report(path: Path) -> Path:
+    """The engine report of a finished bench run, RUN/report.html (Chrome traces beside it)."""
+    from kog.probe.errors import KogError
+    from kog.reports.engine_report import render_bench_report
+    try:
+        return render_bench_report(path, Path(path) / "report.html")
+    except Exception as e:
+        raise KogError(f"the bench is recorded in {path}, but its report failed: {type(e).__name__}: {e}") from e
+
+
 def cli_bench(args) -> int:
     out, path = run_bench(args.model, args.tokens, args.prompt_tokens, args.repeats, args.systems,
                           getattr(args, "runs_dir", None), args.json, argv=list(sys.argv))
     for line in _summary_lines(out):
         print(line)
     print(path)
+    print(render_report(path))     # last: the report a person opens
     return 0

@@ -24,6 +24,17 @@ def bundled_scan() -> Path:
     return p
 
 
+BUNDLED_BENCH = Path(__file__).resolve().parent / "data" / "h200_bench_llama-3.2-1b.json"
+
+
+def bundled_bench() -> Path:
+    """The `kogtune bench` JSON recorded on the lent H200 that ships with kog (a copy of
+    bench/h200/llama-3.2-1b.json in the package data)."""
+    if not BUNDLED_BENCH.is_file():
+        raise KogError(f"no bundled bench: {BUNDLED_BENCH} is missing from this installation")
+    return BUNDLED_BENCH
+
+
 def _writable_dir(d: Path) -> bool:
     return d.is_dir() and os.access(d, os.W_OK)
 
@@ -90,9 +101,20 @@ def cli_probe_report(args) -> int:
 
 
 def cli_tune_report(args) -> int:
-    """kogtune report RUN | --study NAME --storage URL [--compare RUN2] [-o OUT]; dispatches on the run's
+    """kogtune report RUN | --bundled | --study NAME --storage URL [--compare RUN2] [-o OUT]; dispatches on the run's
     kind (bench -> engine report, study -> tuning report, scan -> topology report)."""
     out = getattr(args, "output", None)
+    if getattr(args, "bundled", False):
+        if getattr(args, "run", None) or getattr(args, "study", None):
+            raise UsageError("give a RUN, --study or --bundled, not more than one")
+        run = _open(bundled_bench())
+        # never beside the package's data file: the bundled bench's report goes to the current folder
+        if not out:
+            out = str(Path.cwd() / ("h200-bench-compare.html" if getattr(args, "compare", None)
+                                    else "h200-bench-report.html"))
+        path = _compare(run, args.compare, out) if getattr(args, "compare", None) else render_run(run, out)
+        print(path)
+        return 0
     if getattr(args, "study", None) or (getattr(args, "storage", None) and not getattr(args, "run", None)):
         if not args.storage:
             raise UsageError("--study needs --storage URL (e.g. sqlite:///runs/.../study.db)")
@@ -102,7 +124,8 @@ def cli_tune_report(args) -> int:
         print(path)
         return 0
     if not getattr(args, "run", None):
-        raise UsageError("give a RUN directory (a bench or study run), a bench JSON file, or --study NAME --storage URL")
+        raise UsageError("give a RUN directory (a bench or study run), a bench JSON file, --study NAME --storage URL, "
+                         "or --bundled")
     run = _open(args.run)
     if getattr(args, "compare", None):
         path = _compare(run, args.compare, out)

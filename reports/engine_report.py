@@ -5,7 +5,12 @@ measured 35% on standard stacks), and a Chrome-trace JSON beside the HTML for Pe
 
 Inputs: bench.json (the document `kogtune bench --json` writes), optional tables `breakdown`
 [system, phase, category, seconds_per_token] and `timeline` [cta, sm, task, phase, kind, start_ns, end_ns]
-(+ optional 'system'). A committed bench JSON file (bench/h200/<preset>.json) renders too.
+(+ optional 'system'; or the engine's raw trace with wait_ns). A committed bench JSON file
+(bench/h200/<preset>.json) renders too: its per-phase breakdown comes from the systems'
+breakdown_extra.phases (kog.reports.bench_tables), and it has no timeline.
+
+The grid-sync share of a system is its barrier seconds per token (instrumented run) over its seconds per
+token (the bench's timed runs, 1 / tok_per_s); without a timed rate, over the breakdown's total.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import pandas as pd
 
 from kog.probe.errors import UsageError
 from kog.reports import figures as F
+from kog.reports.bench_tables import phase_breakdown, phase_table
 from kog.reports.html import Section, error_for, render_page
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
@@ -39,7 +45,7 @@ class JsonBench:
             raise UsageError(f"not a readable bench JSON: {self.path} ({e})") from None
         if not isinstance(self.doc, dict) or "systems" not in self.doc:
             raise UsageError(f"not a bench JSON: {self.path} has no 'systems'")
-        self.meta = {"kind": "bench", "device": {"name": self.doc.get("device")},
+        self.meta = {"kind": "bench", "device": {"name": device_name(self.doc)},
                      "git_commit": self.doc.get("git_commit"), "started": self.doc.get("date")}
 
     def has_table(self, name: str) -> bool:
@@ -50,6 +56,14 @@ class JsonBench:
 
     def json(self, name: str):
         return self.doc
+
+
+def device_name(doc: dict[str, Any] | None) -> str | None:
+    """bench.json's device: the DeviceInfo dict `kogtune bench` writes, or a bare name."""
+    d = (doc or {}).get("device")
+    if isinstance(d, dict):
+        return d.get("name") or d.get("arch")
+    return None if d is None else str(d)
 
 
 def bench_document(run) -> dict[str, Any] | None:
@@ -131,6 +145,25 @@ def timeline_spans(tl: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["cta", "start_ns"]).reset_index(drop=True)
 
 
+def grid_sync_shares(doc: dict[str, Any] | None, per_system: dict[str, dict[str, float]],
+                     names: list[str]) -> list[tuple[str, float, float, str]]:
+    """(system, barrier share, waiting share, denominator) for each system with a breakdown: seconds per
+    token in grid barriers / in targeted waits over the system's timed seconds per token (1 / tok_per_s)
+    when the bench has one, else over the breakdown's total."""
+    systems = (doc or {}).get("systems") or {}
+    out = []
+    for n in names:
+        b = per_system[n]
+        tps = _tps(systems.get(n, {}))
+        if tps == tps and tps > 0:
+            total, what = 1.0 / tps, "timed seconds per token"
+        else:
+            total, what = sum(b.values()), "breakdown total"
+        if total > 0:
+            out.append((n, b.get("barrier", 0.0) / total, b.get("waiting", 0.0) / total, what))
+    return out
+
+
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "trace"
 
@@ -138,6 +171,11 @@ def _slug(s: str) -> str:
 def bench_sections(run, out: Path) -> list[Section]:
     doc = bench_document(run)
     bd = _table(run, "breakdown")
+    if (bd is None or "phase" not in bd.columns or bd.empty) and doc:
+        # a bench JSON (or an older run) without the per-phase table: derive it from breakdown_extra.phases
+        derived = phase_breakdown(doc.get("systems") or {})
+        if not derived.empty:
+            bd = derived
     tl = _table(run, "timeline")
     sections: list[Section] = []
     systems: dict[str, Any] = (doc or {}).get("systems") or {}
@@ -151,7 +189,7 @@ def bench_sections(run, out: Path) -> list[Section]:
                     error_for(run, "bench"))
     else:
         sec.kv({"model": doc.get("model"), "dtype": doc.get("dtype"), "prompt tokens": doc.get("prompt_tokens"),
-                "new tokens": doc.get("new_tokens"), "device": doc.get("device"), "date": doc.get("date"),
+                "new tokens": doc.get("new_tokens"), "device": device_name(doc), "date": doc.get("date"),
                 "git commit": doc.get("git_commit"),
                 "device copy (GB/s)": doc.get("copy_GBps"),
                 "weight bytes per token": doc.get("weight_bytes_per_token"),
@@ -201,6 +239,13 @@ def bench_sections(run, out: Path) -> list[Section]:
             sec.figure(F.stacked_breakdown(bd, "phase", order), "per-phase stacked bars by category")
         except Exception as e:  # noqa: BLE001
             sec.missing("the per-phase breakdown could not be drawn.", f"{type(e).__name__}: {e}")
+        try:
+            sec.table(phase_table(bd[bd["system"].isin(order)]),
+                      caption="Per phase: microseconds per token by category and the phase's share of the "
+                              "system's token time ('other' is the token's remainder: task decode, sampling, "
+                              "the token hand-off).")
+        except Exception as e:  # noqa: BLE001
+            sec.missing("the per-phase table could not be built.", f"{type(e).__name__}: {e}")
     elif bd is not None:
         sec.note("The 'breakdown' table has no per-phase split (no 'phase' column): per-system totals only.",
                  "warn")
@@ -222,21 +267,18 @@ def bench_sections(run, out: Path) -> list[Section]:
     sections.append(sec)
 
     sec = Section("sync-share", "Share of token time lost to grid synchronisation")
-    shares = []
-    for n in kog_systems:
-        b = per_system[n]
-        total = sum(b.values())
-        if total > 0:
-            shares.append((n, b.get("barrier", 0.0) / total, b.get("waiting", 0.0) / total))
+    shares = grid_sync_shares(doc, per_system, kog_systems)
     if shares:
-        grid = dict((n, s) for n, s, _ in shares)
-        sec.figure(F.sync_share([(n, s) for n, s, _ in shares], PUBLISHED_GRID_SYNC_SHARE),
+        grid = {n: (s, what) for n, s, _, what in shares}
+        sec.figure(F.sync_share([(n, s) for n, s, _, _ in shares], PUBLISHED_GRID_SYNC_SHARE),
                    "share of token time in grid barriers vs the published 35%")
         if "kog-grid" in grid:
-            sec.note(f"On this GPU, grid barriers take {grid['kog-grid']:.1%} of kog-grid's token time; the published "
-                     f"monokernel system measured {PUBLISHED_GRID_SYNC_SHARE:.0%} on standard stacks.")
-        sec.table(pd.DataFrame([{"system": n, "barrier share": f"{s:.1%}", "waiting share": f"{w:.1%}"}
-                                for n, s, w in shares]))
+            share, what = grid["kog-grid"]
+            sec.note(f"On this GPU, grid barriers take {share:.1%} of kog-grid's token time (barrier seconds per "
+                     f"token / {what}); the published monokernel system measured "
+                     f"{PUBLISHED_GRID_SYNC_SHARE:.0%} on standard stacks.")
+        sec.table(pd.DataFrame([{"system": n, "barrier share": f"{s:.1%}", "waiting share": f"{w:.1%}",
+                                 "of": what} for n, s, w, what in shares]))
     else:
         sec.missing("no breakdown to compute the grid-sync share from.", error_for(run, "breakdown"))
     sections.append(sec)
@@ -248,7 +290,10 @@ def bench_sections(run, out: Path) -> list[Section]:
         except Exception:  # noqa: BLE001 - shown as missing below
             pass
     need = {"cta", "sm", "kind", "start_ns", "end_ns"}
-    if tl is None or not need <= set(tl.columns):
+    if tl is None and isinstance(run, JsonBench):
+        sec.missing("per-SM timeline: a bench JSON file carries no instrumented trace; the run directory of "
+                    "`kogtune bench` on a GPU has it (table 'timeline') and its report draws it.")
+    elif tl is None or not need <= set(tl.columns):
         sec.missing("per-SM timeline: this run has no 'timeline' table from an instrumented run"
                     + ("" if tl is None else f" with columns {sorted(need)}") + ".",
                     error_for(run, "timeline", "instrument"))
@@ -296,7 +341,7 @@ def render_bench_report(run, out: str | Path | None = None) -> Path:
     out = Path(out)
     doc = bench_document(run) or {}
     model = doc.get("model") or "unknown model"
-    device = doc.get("device") or (run.meta.get("device") or {}).get("name") or "unknown GPU"
+    device = device_name(doc) or (run.meta.get("device") or {}).get("name") or "unknown GPU"
     facts = {"model": model, "device": device, "dtype": doc.get("dtype"), "new tokens": doc.get("new_tokens"),
              "status": run.status, "run": run.path.name}
     sections = bench_sections(run, out)

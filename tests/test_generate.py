@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
+
+import pandas as pd
 
 import pytest
 import torch
@@ -191,13 +194,31 @@ def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
     bench.available_systems()
     monkeypatch.setitem(bench._REGISTRY, "kog-grid", bench._not_built("kog-grid", "not built"))
 
+    traces = {}
+
     class Traced(bench._REGISTRY["reference-eager"]):
+        """A stand-in for KogSystem: per-phase breakdown and the instrumented run's trace table."""
+        phases = {"qkv": {"seconds_per_token": 6e-4, "waiting": 1e-4, "tasks": 12},
+                  "down": {"seconds_per_token": 1.5e-3, "waiting": 0.0, "tasks": 8}}
+
         def breakdown(self):
+            self.trace_table = traces.setdefault(type(self).__name__, _trace_table(steps=6, rows_per_step=40))
             return {"streaming": 2e-3, "waiting": 1e-4, "barrier": 0.0, "other": 1e-5,
-                    "phases": {"qkv": 1e-4}, "table": object()}
+                    "phases": self.phases, "table": object()}
+
+    class GridTraced(Traced):
+        phases = {"qkv": {"seconds_per_token": 5e-4, "waiting": 0.0, "tasks": 12},
+                  "barrier": {"seconds_per_token": 3e-4, "waiting": 3e-4, "tasks": 64}}
+
+    class OddPhases(bench._REGISTRY["reference-eager"]):
+        def breakdown(self):        # phases that are not {phase: {...}}: no per-phase rows, nothing breaks
+            return {"streaming": 1e-3, "other": 1e-5, "phases": {"qkv": 1e-4}}
     monkeypatch.setitem(bench._REGISTRY, "traced", Traced)
+    monkeypatch.setitem(bench._REGISTRY, "grid-traced", GridTraced)
+    monkeypatch.setitem(bench._REGISTRY, "odd", OddPhases)
+    monkeypatch.setattr(bench, "TIMELINE_ROWS_PER_SYSTEM", 100)
     out, path = bench.run_bench("tiny", tokens=5, prompt_tokens=6, repeats=2,
-                                systems="reference-eager,hf-transformers,kog-grid,traced",
+                                systems="reference-eager,hf-transformers,kog-grid,traced,grid-traced,odd",
                                 runs_dir=str(tmp_path / "runs"), json_out=str(tmp_path / "b.json"), progress=False,
                                 cpu_for_tests=True)
     assert set(out) == {"device", "date", "git_commit", "versions", "model", "dtype", "prompt_tokens",
@@ -208,11 +229,84 @@ def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
     assert len(s["reference-eager"]["runs_tok_per_s"]) == 2
     assert s["hf-transformers"]["tok_per_s"] > 0 and s["hf-transformers"]["first_divergence"] is None
     assert s["kog-grid"]["error"] == "not built" and s["kog-grid"]["tok_per_s"] is None
-    assert s["traced"]["breakdown"]["streaming"] == 2e-3 and s["traced"]["breakdown_extra"] == {"phases": {"qkv": 1e-4}}
+    assert s["traced"]["breakdown"]["streaming"] == 2e-3 and s["traced"]["breakdown_extra"] == {"phases": Traced.phases}
+    assert s["odd"]["breakdown_extra"] == {"phases": {"qkv": 1e-4}}
     run = open_run(path)
     assert run.kind == "bench" and run.status == "complete" and "kog-grid" in run.meta["errors"]
     t = run.table("systems")
-    assert list(t["system"]) == ["reference-eager", "hf-transformers", "kog-grid", "traced"]
+    assert list(t["system"]) == ["reference-eager", "hf-transformers", "kog-grid", "traced", "grid-traced", "odd"]
     assert run.json("bench") == json.loads((tmp_path / "b.json").read_text())
+
+    # per-phase breakdown: waiting vs streaming per phase, barrier rows in grid mode, the token's remainder
     bd = run.table("breakdown")
-    assert list(bd.columns) == ["system", "category", "seconds_per_token"] and set(bd["system"]) == {"traced"}
+    assert list(bd.columns) == ["system", "phase", "category", "seconds_per_token"]
+    assert set(bd["system"]) == {"traced", "grid-traced"}
+    got = {(r.system, r.phase, r.category): r.seconds_per_token for r in bd.itertuples()}
+    assert got == pytest.approx({
+        ("traced", "qkv", "streaming"): 5e-4, ("traced", "qkv", "waiting"): 1e-4,
+        ("traced", "down", "streaming"): 1.5e-3, ("traced", "down", "waiting"): 0.0,
+        ("traced", "other", "other"): 1e-5,
+        ("grid-traced", "qkv", "streaming"): 5e-4, ("grid-traced", "qkv", "waiting"): 0.0,
+        ("grid-traced", "barrier", "barrier"): 3e-4, ("grid-traced", "other", "other"): 1e-5})
+
+    # the instrumented run's trace: whole tokens after the first, within the row budget, one 'system' column
+    tl = run.table("timeline")
+    assert list(tl.columns[:1]) == ["system"] and set(tl["system"]) == {"traced", "grid-traced"}
+    for name, cls in (("traced", "Traced"), ("grid-traced", "GridTraced")):
+        mine = tl[tl["system"] == name].drop(columns="system").reset_index(drop=True)
+        assert len(mine) <= 100 and sorted(mine["step"].unique()) == [1, 2]
+        src = traces[cls]
+        pd.testing.assert_frame_equal(mine, src[src["step"].isin([1, 2])].reset_index(drop=True),
+                                      check_dtype=False)
+
+
+def _trace_table(steps: int, rows_per_step: int, seed: int = 0):
+    """A trace table shaped like engine/trace.py trace_table, random times."""
+    import numpy as np
+    import pandas as pd
+    rng = np.random.default_rng(seed)
+    n = steps * rows_per_step
+    start = np.sort(rng.integers(0, 10_000_000, n))
+    return pd.DataFrame({"cta": rng.integers(0, 8, n), "sm": rng.integers(0, 8, n),
+                         "step": np.repeat(np.arange(steps), rows_per_step), "task": rng.integers(0, 50, n),
+                         "phase": rng.choice(["qkv", "o", "barrier"], n), "layer": rng.integers(0, 2, n),
+                         "start_ns": start, "end_ns": start + rng.integers(1, 5000, n),
+                         "wait_ns": rng.integers(0, 500, n)})
+
+
+def test_sample_timeline_keeps_whole_tokens():
+    from kog.engine.bench import sample_timeline
+    df = _trace_table(steps=5, rows_per_step=30, seed=1)
+    a = sample_timeline(df, max_rows=70)
+    assert sorted(a["step"].unique()) == [1, 2] and len(a) == 60       # the start-up token is skipped
+    b = sample_timeline(df, max_rows=10)                                # a token over the budget: still one
+    assert sorted(b["step"].unique()) == [1] and len(b) == 30
+    assert len(sample_timeline(df, max_rows=10_000)) == 4 * 30
+    one = df[df["step"] == 0]
+    assert len(sample_timeline(one, max_rows=10)) == 30               # a single traced token is kept
+
+
+def test_cli_bench_prints_run_then_report_last(tmp_path, monkeypatch, capsys):
+    """`kogtune bench` ends with the run directory, then the engine report's path (last line)."""
+    import argparse
+    import functools
+    from kog.engine import bench
+    bench.available_systems()
+
+    class Traced(bench._REGISTRY["reference-eager"]):
+        def breakdown(self):
+            self.trace_table = _trace_table(steps=3, rows_per_step=20, seed=2)
+            return {"streaming": 2e-3, "waiting": 2e-4, "barrier": 0.0, "other": 1e-4,
+                    "phases": {"qkv": {"seconds_per_token": 2.2e-3, "waiting": 2e-4, "tasks": 4}}}
+    monkeypatch.setitem(bench._REGISTRY, "kog-targeted", Traced)
+    monkeypatch.setattr(bench, "run_bench", functools.partial(bench.run_bench, cpu_for_tests=True, progress=False))
+    args = argparse.Namespace(model="tiny", tokens=3, prompt_tokens=4, repeats=1, systems="reference-eager,kog-targeted",
+                              runs_dir=str(tmp_path / "runs"), json=None)
+    assert bench.cli_bench(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    run_dir, report = Path(lines[-2]), Path(lines[-1])
+    assert run_dir.is_dir() and (run_dir / "meta.json").is_file()
+    assert report == run_dir / "report.html" and report.is_file()
+    html = report.read_text()
+    assert "kog-targeted" in html and "Per-SM timeline" in html and "data:image/png;base64," in html
+    assert list(run_dir.glob("report*.trace.json"))              # the Chrome trace beside the report

@@ -207,7 +207,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    """One report of each kind (plus one with missing probes and a comparison), from synthetic runs."""
+    """One report of each kind (plus one with missing probes and a comparison), from synthetic runs, and
+    the bundled H200 scan and bench."""
     from kog.reports import synthetic
     from kog.reports.compare import render_compare
     from kog.reports.engine_report import render_bench_report
@@ -224,7 +225,9 @@ def reports(tmp_path_factory):
     from kog.probe.scan import bundled_scan_path
     from kog.reports.runstore import open_run
     bundled = bundled_scan_path()
+    from kog.reports.cli import bundled_bench
     return {
+        "bench-bundled": render_bench_report(bundled_bench(), root / "h200-bench-report.html"),
         "bundled": render_scan_report(open_run(bundled), root / "bundled.html")
         if (bundled / "meta.json").exists() else None,
         "scan": render_scan_report(scan, root / "scan.html"),
@@ -235,7 +238,7 @@ def reports(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("name", ["bundled", "scan", "scan-partial", "bench", "study", "compare"])
+@pytest.mark.parametrize("name", ["bundled", "bench-bundled", "scan", "scan-partial", "bench", "study", "compare"])
 def test_report_in_chromium(browser, reports, name):
     path = reports[name]
     if path is None:

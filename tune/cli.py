@@ -61,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mode", choices=["targeted", "grid", "reference"], default="targeted")
     g.add_argument("--json", action="store_true")
 
-    r = sub.add_parser("report", help="render the HTML report of a bench or study run")
-    r.add_argument("run", nargs="?", help="run directory")
+    r = sub.add_parser("report", help="render the HTML report of a bench or study run (or the bundled H200 bench)")
+    r.add_argument("run", nargs="?", help="run directory or bench JSON file")
+    r.add_argument("--bundled", action="store_true",
+                   help="the bench recorded on an H200, shipped with kog (-> ./h200-bench-report.html)")
     r.add_argument("--study", default=None, help="study name (with --storage)")
     r.add_argument("--storage", default=None)
     r.add_argument("--compare", default=None, metavar="RUN2")

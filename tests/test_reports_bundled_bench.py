@@ -1,0 +1,88 @@
+"""The bundled H200 bench (`kogtune report --bundled`): the package copy is the committed bench JSON, and
+its engine report shows every system against the bandwidth limit, the grid-sync vs targeted-wait
+breakdown, the grid-sync share against the published 35%, and the per-phase table."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kog.reports.cli import BUNDLED_BENCH, bundled_bench
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "bench" / "h200" / "llama-3.2-1b.json"
+
+
+def sections(html: str) -> dict[str, str]:
+    parts = re.split(r'<section id="', html)[1:]
+    return {p.split('"', 1)[0]: p for p in parts}
+
+
+def test_bundled_bench_is_the_committed_bench():
+    if not COMMITTED.exists():
+        pytest.fail(f"{COMMITTED.relative_to(REPO)} is missing: the bundled bench must be a copy of it")
+    assert json.loads(bundled_bench().read_text()) == json.loads(COMMITTED.read_text()), (
+        "the package's bundled bench differs from the committed one: "
+        f"cp {COMMITTED.relative_to(REPO)} reports/data/{BUNDLED_BENCH.name}")
+
+
+@pytest.fixture(scope="module")
+def bundled_html(tmp_path_factory):
+    import os
+
+    from kog.tune.cli import main
+    d = tmp_path_factory.mktemp("cwd")
+    old = os.getcwd()
+    os.chdir(d)
+    try:
+        import contextlib
+        import io
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main(["report", "--bundled"]) == 0
+    finally:
+        os.chdir(old)
+    out = d / "h200-bench-report.html"
+    assert buf.getvalue().strip().splitlines()[-1] == str(out)     # the path, printed last
+    return out, out.read_text()
+
+
+def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
+    path, html = bundled_html
+    doc = json.loads(bundled_bench().read_text())
+    secs = sections(html)
+    assert tuple(secs) == ("overview", "throughput", "breakdown", "sync-share", "timeline")
+    assert "NVIDIA H200" in html and "llama-3.2-1b" in html
+    # every system's tok/s and % of the limit (the table prints 4 significant figures)
+    for name, s in doc["systems"].items():
+        assert name in secs["throughput"]
+        assert f"{s['tok_per_s']:,.4g}" in secs["throughput"], name
+        assert f"{100 * s['tok_per_s'] / doc['limit_tok_per_s']:,.4g}" in secs["throughput"], name
+    assert f"{doc['limit_tok_per_s']:,.0f}" in secs["overview"]
+    # grid-sync share: kog-grid's barrier seconds per token / its timed seconds per token, against 35%
+    g = doc["systems"]["kog-grid"]
+    share = g["breakdown"]["barrier"] * g["tok_per_s"]
+    assert 0.05 < share < 0.6
+    assert f"{share:.1%}" in secs["sync-share"] and "35%" in secs["sync-share"]
+    # per-phase table from breakdown_extra.phases: every phase, both kog systems, waiting split out
+    bd = secs["breakdown"]
+    for ph in g["breakdown_extra"]["phases"]:
+        assert f"<td>{ph}</td>" in bd, ph
+    assert "waiting (us)" in bd and "barrier (us)" in bd and "share of token" in bd
+    o_wait = doc["systems"]["kog-targeted"]["breakdown_extra"]["phases"]["o"]["waiting"] * 1e6
+    assert f"{o_wait:,.4g}" in bd
+    assert bd.count("<img ") >= 2                    # per-phase bars and per-system bars
+    # no trace in a bench JSON: the timeline says so instead of failing
+    assert "Missing:" in secs["timeline"] and "bench JSON" in secs["timeline"]
+    assert "Missing:" not in "".join(v for k, v in secs.items() if k != "timeline")
+    assert path.stat().st_size < 5 * 1024 * 1024
+    assert not list(BUNDLED_BENCH.parent.glob("*.html"))      # nothing written into package data
+
+
+def test_bundled_bench_with_a_run_is_a_usage_error(tmp_path, capsys):
+    from kog.tune.cli import main
+    assert main(["report", "--bundled", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bundled" in err[0]
