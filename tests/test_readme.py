@@ -1,0 +1,124 @@
+"""The README cannot drift from what is committed: its results table equals the bench JSON (every figure
+parsed and compared with the file it names), its generated block equals what kog.reports.readme_table
+prints, its status line agrees with the target, and its two fresh-machine commands are the ones CI and
+a person run."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kog.reports import readme_table as RT
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+TEST_CMD = "pip install -e '.[test]' && python -m pytest -q -x --timeout=900 tests"
+MAIN_CMD = "pip install -e . && kogprobe report --bundled && kogtune report --bundled"
+
+
+def committed_benches() -> dict[str, dict]:
+    """Every bench document under bench/ (sweeps and scan summaries are not bench documents)."""
+    out = {}
+    for p in sorted((REPO / "bench").rglob("*.json")):
+        doc = json.loads(p.read_text())
+        if RT.is_bench(doc):
+            out[p.relative_to(REPO).as_posix()] = doc
+    return out
+
+
+def readme_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the results table in the README's generated block, as {column: cell}."""
+    i, j = text.find(RT.BEGIN), text.find(RT.END)
+    assert 0 <= i < j, "README has no results block"
+    lines = [ln.strip() for ln in text[i:j].splitlines() if ln.strip().startswith("|")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    header, rule, body = cells[0], cells[1], cells[2:]
+    assert all(set(c) <= set("-: ") for c in rule)
+    return [dict(zip(header, r)) for r in body]
+
+
+def num(cell: str) -> float | None:
+    cell = cell.strip()
+    return None if cell in ("–", "-", "") else float(cell.replace(",", "").rstrip("%"))
+
+
+def test_there_is_a_committed_bench():
+    benches = committed_benches()
+    assert "bench/h200/llama-3.2-1b.json" in benches, "the H200 bench JSON is not in bench/h200/"
+
+
+def test_table_figures_equal_the_bench_json():
+    benches = committed_benches()
+    rows = readme_rows(README)
+    assert rows, "the results table is empty"
+    for col in ("model", "system", "tok/s", "% of limit", "limit tok/s", "copy GB/s", "max_rel_err", "source"):
+        assert col in rows[0], f"results table has no '{col}' column"
+    seen = set()
+    for r in rows:
+        src = r["source"].strip("`")
+        assert src in benches, f"README row names {src}, which is not a committed bench JSON"
+        doc = benches[src]
+        assert r["model"] == doc["model"]
+        s = doc["systems"][r["system"]]
+        seen.add((src, r["system"]))
+        limit = doc["limit_tok_per_s"]
+        assert num(r["limit tok/s"]) == pytest.approx(limit, abs=0.5), r
+        assert num(r["copy GB/s"]) == pytest.approx(doc["copy_GBps"], abs=0.5), r
+        if s.get("tok_per_s") is None:
+            assert num(r["tok/s"]) is None and num(r["% of limit"]) is None, r
+        else:
+            assert num(r["tok/s"]) == pytest.approx(s["tok_per_s"], abs=0.05 + 1e-9), r
+            assert num(r["% of limit"]) == pytest.approx(100 * s["tok_per_s"] / limit, abs=0.05 + 1e-9), r
+        err = s.get("max_rel_err")
+        if err is None:
+            assert num(r["max_rel_err"]) is None, r
+        else:
+            assert num(r["max_rel_err"]) == pytest.approx(err, rel=6e-3), r
+    every = {(src, name) for src, doc in benches.items() for name in doc["systems"]}
+    assert seen == every, f"README table lacks {sorted(every - seen)} or has extra {sorted(seen - every)}: " \
+                          "run python -m kog.reports.readme_table --write README.md bench/h200/*.json"
+
+
+def test_generated_block_is_current():
+    benches = RT.load_benches([REPO / p for p in committed_benches()])
+    block = RT.results_block([(Path(p).relative_to(REPO).as_posix(), d) for p, d in benches])
+    i, j = README.find(RT.BEGIN), README.find(RT.END)
+    assert README[i:j + len(RT.END)] == block, \
+        "README's results block is stale: python -m kog.reports.readme_table --write README.md bench/h200/*.json"
+
+
+def test_status_line_agrees_with_the_target():
+    doc = committed_benches()["bench/h200/llama-3.2-1b.json"]
+    tps = (doc["systems"].get("kog-targeted") or {}).get("tok_per_s") or 0.0
+    says_not_met = bool(re.search(r"is\s+not met yet", README))
+    assert says_not_met == (tps < RT.TARGET_TOK_PER_S), \
+        f"kog-targeted measured {tps:.1f} tok/s: README's status line must say whether the 1,200 target is met"
+    assert re.search(r"MI300X[^.]*unverified", README), "README must say MI300X is unverified"
+
+
+def test_fresh_machine_commands():
+    lines = README.splitlines()
+    assert TEST_CMD in lines          # .ci/run greps for this exact line
+    assert MAIN_CMD in lines
+
+
+def test_readme_table_cli(tmp_path, capsys):
+    """The command the README gives: prints the block, skips non-bench JSON, --write replaces it."""
+    junk = tmp_path / "sweep.json"
+    junk.write_text(json.dumps({"rows": [1, 2]}))
+    src = tmp_path / "b.json"
+    doc = json.loads((REPO / "bench/h200/llama-3.2-1b.json").read_text())
+    doc["systems"]["kog-targeted"]["tok_per_s"] = 1234.5678
+    src.write_text(json.dumps(doc))
+    assert RT.main([str(src), str(junk)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(RT.BEGIN) and "| 1,234.6 |" in out and "sweep.json" not in out
+    assert "`kog-targeted` >= 1,200 tok/s: met" in out
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{RT.BEGIN}\nold\n{RT.END}\n\ntail\n")
+    assert RT.main(["--write", str(readme), str(src)]) == 0
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("\n\ntail\n") and "| 1,234.6 |" in text
+    assert RT.main([str(junk)]) == 2
