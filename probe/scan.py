@@ -171,6 +171,12 @@ def build_summary(tables: dict, extras: dict, device: dict | None, scan_seconds:
         compare("barrier_us_all_ctas", s["barrier_us_all_ctas"]),
         compare("flag_oneway_us", s["flag_oneway_us"]),
     ]
+    if dev.get("partition"):      # AMD compute / memory partition modes (amdsmi)
+        s["partition"] = dev["partition"]
+    if dev.get("vendor") == "amd" or "xcd_latency" in tables:
+        from kog.probe.probes.l2map_amd import summary_fields
+        s["xcd"] = summary_fields(tables, extras)
+        s["xcd"]["comparison_note"] = "the published figures above are Hopper's: not comparable on AMD"
     s["sm_clock_ghz"] = _f(ghz)
     s["scan_seconds"] = _f(scan_seconds, 1)
     if probe_seconds:
@@ -200,7 +206,7 @@ def run_scan(info, probes: list[str], quick: bool, runs_dir=None, argv=None, pro
     from kog.reports.runstore import RunStore
     torch.cuda.set_device(info.index)
     ctx = ProbeContext(sms=info.sms, vendor=info.vendor, quick=quick, device_index=info.index,
-                       l2_bytes=info.l2_bytes, dies=info.dies or 1)
+                       l2_bytes=info.l2_bytes, dies=info.dies or 1, llc_bytes=info.llc_bytes)
     tables: dict = {}
     secs: dict = {}
     t_start = time.perf_counter()
@@ -265,6 +271,11 @@ def print_summary(summary: dict, run_path, console=None) -> None:
                     ("graph_launch_us", "us"), ("sms_to_saturate_hbm", "SMs"), ("hbm_read_GBps", "GB/s"),
                     ("hbm_copy_GBps", "GB/s"), ("scan_seconds", "s")):
         t.add_row(k, f"{summary.get(k)} {unit}")
+    if summary.get("partition"):
+        t.add_row("partition modes", ", ".join(f"{k} {v}" for k, v in summary["partition"].items()))
+    xcd = summary.get("xcd") or {}
+    if xcd.get("latency_ns") or xcd.get("cross_xcd_ns"):
+        t.add_row("XCD latency (unverified)", f"{xcd.get('latency_ns')} ns; cross {xcd.get('cross_xcd_ns')}")
     sig = summary.get("signal_ns")
     if sig:
         t.add_row("SM->SM signal", f"median {sig.get('median')} ns (same part. {sig.get('same_partition_ns')},"

@@ -6,6 +6,11 @@ the MI300X fake (kog.probe.device.fake.mi300x) and the pure helpers below, and e
 guarded so that a differing API leaves a field None instead of failing. amdsmi is imported only inside
 functions, and only when it is installed (`pip install kog[amd]`).
 
+Partition modes: amdsmi's compute partition (SPX / DPX / TPX / QPX / CPX: 1, 2, 3, 4 or 8 logical
+devices per MI300X) and memory partition (NPS1 / NPS4: NUMA nodes) are read, normalised by
+`partition_modes` whatever shape the installed amdsmi returns them in, and stored in DeviceInfo.partition
+(the scan summary shows them under `partition`); a device in DPX / QPX / CPX mode has 4 / 2 / 1 XCDs.
+
 MI300X facts this module relies on: 8 XCDs of 38 active CUs (304 CUs), 4 MiB L2 per XCD, a 256 MiB
 Infinity Cache in front of HBM, and workgroups dispatched to XCDs round-robin (workgroup i runs on
 XCD i % 8 in SPX mode), which is why `xcd_of_workgroup` exists: mapping code uses it to keep the
@@ -13,6 +18,7 @@ tiles that share data on one XCD's L2.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from kog.probe.device.base import DeviceInfo
@@ -51,6 +57,60 @@ def xcds_from_cus(arch: str, cus: int) -> int:
     if not per or cus < per:
         return 1
     return max(1, round(cus / per))
+
+
+# Compute partition modes of MI300X and how many of its 8 XCDs one (logical) device then has; memory
+# partition modes (NUMA nodes per socket). From AMD's MI300X partitioning documentation.
+COMPUTE_MODES = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4, "CPX": 8}     # mode -> devices per GPU
+MEMORY_MODES = ("NPS1", "NPS2", "NPS4", "NPS8")
+_COMPUTE_RE = re.compile(r"(?<![A-Z])(SPX|DPX|TPX|QPX|CPX)(?![A-Z])")
+_MEMORY_RE = re.compile(r"(?<![A-Z])NPS([1248])(?![0-9])")
+
+
+def _mode_text(value: Any) -> str:
+    """amdsmi gives a mode as a str, an enum (name: 'AMDSMI_COMPUTE_PARTITION_SPX' or 'SPX'), bytes or a
+    dict of fields, depending on the ROCm version; this is the text to search in each case."""
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, dict):
+        return " ".join(_mode_text(v) for v in value.values())
+    name = getattr(value, "name", None)
+    return f"{name} {value}" if isinstance(name, str) else str(value)
+
+
+def compute_mode(value: Any) -> str | None:
+    """'SPX' / 'DPX' / 'TPX' / 'QPX' / 'CPX' from whatever amdsmi returned; None when it names none."""
+    m = _COMPUTE_RE.search(_mode_text(value).upper())
+    return m.group(1) if m else None
+
+
+def memory_mode(value: Any) -> str | None:
+    """'NPS1' / 'NPS2' / 'NPS4' / 'NPS8' from whatever amdsmi returned; None when it names none."""
+    m = _MEMORY_RE.search(_mode_text(value).upper())
+    return f"NPS{m.group(1)}" if m else None
+
+
+def partition_modes(compute: Any, memory: Any) -> dict[str, Any] | None:
+    """DeviceInfo.partition: {'compute': 'SPX', 'memory': 'NPS1'} (a mode kog cannot read is None, and the
+    raw value is kept under 'compute_raw' / 'memory_raw'); None when amdsmi said nothing at all."""
+    if compute in (None, "") and memory in (None, ""):
+        return None
+    out: dict[str, Any] = {"compute": compute_mode(compute), "memory": memory_mode(memory)}
+    for k, raw in (("compute", compute), ("memory", memory)):
+        if out[k] is None and raw not in (None, ""):
+            out[f"{k}_raw"] = _mode_text(raw)[:100]
+    return out
+
+
+def xcds_per_device(compute: str | None, total_xcds: int = 8) -> int | None:
+    """XCDs one logical device holds in a compute partition mode (MI300X, 8 XCDs: SPX 8, DPX 4, QPX 2,
+    CPX 1); None for an unknown mode or one that does not divide the XCDs evenly."""
+    n = COMPUTE_MODES.get((compute or "").upper())
+    if not n or total_xcds % n:
+        return None
+    return total_xcds // n
 
 
 def _call(mod, name: str, *args, default=None):
@@ -153,9 +213,8 @@ def inventory(index: int = 0) -> DeviceInfo:
             if h is not None:
                 f = _smi_fields(smi, h)
                 xcds = f.pop("xcds", None)
-                cp, mp = f.pop("compute_partition", None), f.pop("memory_partition", None)
-                if cp or mp:
-                    info.partition = {"compute": cp, "memory": mp}
+                info.partition = partition_modes(f.pop("compute_partition", None),
+                                                 f.pop("memory_partition", None))
                 for k in ("market_name", "cus"):
                     v = f.pop(k, None)
                     if v is not None:
@@ -171,6 +230,12 @@ def inventory(index: int = 0) -> DeviceInfo:
     # In CPX mode each XCD is its own device of 38 CUs: torch's CU count then already says 1 XCD.
     if not isinstance(xcds, int) or xcds < 1:
         xcds = xcds_from_cus(arch, cus)
+    # the partition mode, when known, says how many XCDs this device holds (8 XCDs on gfx942)
+    mode = (info.partition or {}).get("compute")
+    by_mode = xcds_per_device(mode, 8) if arch == "gfx942" else None
+    if by_mode is not None and by_mode * CUS_PER_XCD["gfx942"] == cus and xcds != by_mode:
+        info.extra["xcds_reported"] = xcds
+        xcds = by_mode
     info.dies = xcds
     info.sms_per_die = cus // xcds if cus % xcds == 0 else None
     return info

@@ -15,6 +15,8 @@ Tables (the names and columns the reports render; keep them):
     atomics         [ctas:int, mops_per_s:float]                      sync.py
     launch          [mode:str, us:float]                              sync.py      (plain, plain_sync, graph)
     bandwidth       [sms:int, kind:str, GBps:float]                   bandwidth.py (read, copy)
+    xcd_latency     [src_xcd:int, dst_xcd:int, level:str, ns:float]   l2map_amd.py (AMD only; level: l1,
+                                                                                   l2, mall, hbm, cross)
 
 vendor_asm.py holds every inline-asm string (%smid, %clock64, %globaltimer; AMD s_getreg XCC_ID / HW_ID,
 s_memtime); common.py the context, timing, co-residency and bounded-spin error records.
@@ -34,4 +36,10 @@ TABLE_COLUMNS = {
     "atomics": {"ctas": "int", "mops_per_s": "float"},
     "launch": {"mode": "str", "us": "float"},
     "bandwidth": {"sms": "int", "kind": "str", "GBps": "float"},
+}
+
+# Tables only an AMD scan writes (l2map_amd.py; unverified on hardware). Kept apart from TABLE_COLUMNS,
+# which every scan has.
+AMD_TABLE_COLUMNS = {
+    "xcd_latency": {"src_xcd": "int", "dst_xcd": "int", "level": "str", "ns": "float"},
 }

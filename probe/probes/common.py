@@ -36,6 +36,7 @@ class ProbeContext:
     device_index: int = 0
     l2_bytes: int | None = None
     dies: int = 1
+    llc_bytes: int | None = None     # AMD Infinity Cache (None on NVIDIA: no cache beyond L2)
     extras: dict[str, Any] = field(default_factory=dict)   # small JSON facts a probe adds to the summary
     progress: Callable[[str], None] | None = None
 

@@ -19,6 +19,10 @@ near data must map its own buffer's homes at run time. Plain loads (ld.cg) show 
 
 Tables `l2map` [sm:int, region:int, ns:float], `l2_partition` [sm:int, partition:int],
 `l2_region_home` [region:int, partition:int].
+
+On AMD, measure() hands over to kog.probe.probes.l2map_amd (per-XCD L2 vs Infinity Cache vs HBM, and
+cross-XCD reads; same three tables with sm = CU and partition = XCD, plus `xcd_latency`). Unverified on
+hardware.
 """
 from __future__ import annotations
 
@@ -211,7 +215,8 @@ def run_map(ctx: ProbeContext, mode: str, n_regions: int, region_bytes: int, lin
     dev = ctx.torch_device
     buf, starts = build_regions(n_regions, region_bytes, lines_per_region, dev)
     if ctx.amd:
-        raise NotImplementedError("l2map on AMD: per-XCD L2 / Infinity Cache mapping is not built yet")
+        raise NotImplementedError("run_map is the NVIDIA map; on AMD, measure() runs "
+                                  "kog.probe.probes.l2map_amd (per-XCD L2 / Infinity Cache / HBM)")
     slots = 2 * ctx.sms          # %smid is below the SM count on NVIDIA; the interpreter uses program ids
     grid = 2 * ctx.sms
     frames, ghz = [], []
@@ -239,6 +244,9 @@ def run_map(ctx: ProbeContext, mode: str, n_regions: int, region_bytes: int, lin
 
 def measure(ctx: ProbeContext) -> dict[str, pd.DataFrame]:
     import os
+    if ctx.amd:   # MI300X: XCDs with private L2s, not partitions of one L2 (unverified on hardware)
+        from kog.probe.probes.l2map_amd import measure_amd
+        return measure_amd(ctx)
     n_regions = 64 if ctx.quick else 256
     reps = 16 if ctx.quick else 32
     passes = 1 if ctx.quick else 3

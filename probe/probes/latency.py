@@ -128,6 +128,10 @@ def measure(ctx: ProbeContext) -> dict[str, pd.DataFrame]:
     dev = ctx.torch_device
     l2 = ctx.l2_bytes or (50 << 20)
     max_bytes = 64 << 10 if not ctx.use_asm else max(8 * l2, 256 << 20)
+    if ctx.amd and ctx.use_asm:
+        # MI300X: a 256 MiB Infinity Cache sits between the (per-XCD) L2 and HBM; the ladder has to pass
+        # it to reach HBM (unverified on hardware)
+        max_bytes = max(max_bytes, 4 * (ctx.llc_bytes or 256 << 20))
     sizes = ladder_sizes(ctx.quick, max_bytes)
     steps = 2048 if ctx.quick else 4096
     reps = 1 if ctx.quick else 2

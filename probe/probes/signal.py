@@ -154,6 +154,11 @@ def measure(ctx: ProbeContext, sm_ghz: float | None = None) -> dict[str, pd.Data
     import torch
     if not ctx.use_asm:
         raise RuntimeError("signal spins across programs: it cannot run in the CPU interpreter")
+    if ctx.amd:
+        # the kernel indexes its claim slots by the id sm_id returns, which on AMD is the packed
+        # XCC_ID << 16 | HW_ID, far beyond ctx.sms slots: refuse rather than write out of bounds
+        raise NotImplementedError("signal on AMD: per-CU claim slots (dense CU ids in the kernel) are not "
+                                  "built yet")
     dev = ctx.torch_device
     n_slots = ctx.sms
     rounds = round_robin(n_slots)

@@ -21,7 +21,9 @@ NV_SMID = "mov.u32 $0, %smid;"
 NV_CLOCK64 = "mov.u64 $0, %clock64;"
 NV_GLOBALTIMER = "mov.u64 $0, %globaltimer;"
 
-AMD_XCC_ID = "s_getreg_b32 $0, hwreg(HW_REG_XCC_ID, 0, 16)"
+# XCC_ID is the register's low 4 bits (XCC_ID[3:0] in the CDNA3 ISA's hardware-id registers); reading
+# only that field keeps any other bits of the register out of the XCD number.
+AMD_XCC_ID = "s_getreg_b32 $0, hwreg(HW_REG_XCC_ID, 0, 4)"
 AMD_HW_ID = "s_getreg_b32 $0, hwreg(HW_REG_HW_ID)"
 AMD_MEMTIME = "s_memtime $0\ns_waitcnt lgkmcnt(0)"
 AMD_MEMREALTIME = "s_memrealtime $0\ns_waitcnt lgkmcnt(0)"
@@ -35,7 +37,7 @@ def sm_id(USE_ASM: tl.constexpr, AMD: tl.constexpr = False):
         if AMD:
             hw = tl.inline_asm_elementwise("s_getreg_b32 $0, hwreg(HW_REG_HW_ID)", "=s", [],
                                            dtype=tl.int32, is_pure=True, pack=1)
-            xcc = tl.inline_asm_elementwise("s_getreg_b32 $0, hwreg(HW_REG_XCC_ID, 0, 16)", "=s", [],
+            xcc = tl.inline_asm_elementwise("s_getreg_b32 $0, hwreg(HW_REG_XCC_ID, 0, 4)", "=s", [],
                                             dtype=tl.int32, is_pure=True, pack=1)
             # packed as xcc << 16 | hw_id; decoded on the host (decode_amd_hw_id)
             return (xcc << 16) | (hw & 0xFFFF)
@@ -44,6 +46,21 @@ def sm_id(USE_ASM: tl.constexpr, AMD: tl.constexpr = False):
                                              is_pure=True, pack=1)
     else:
         return tl.program_id(0)
+
+
+@triton.jit
+def xcd_id(USE_ASM: tl.constexpr, AMD: tl.constexpr, N_XCD: tl.constexpr):
+    """The XCD (XCC) this workgroup runs on: s_getreg of HW_REG_XCC_ID on AMD hardware. Without asm (the
+    CPU interpreter) or off AMD it is *simulated* as round-robin dispatch, program_id % N_XCD, so the
+    AMD probes' host code can be exercised on the CPU; nothing measured comes from the simulation."""
+    if USE_ASM:
+        if AMD:
+            return tl.inline_asm_elementwise("s_getreg_b32 $0, hwreg(HW_REG_XCC_ID, 0, 4)", "=s", [],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.program_id(0) % N_XCD
+    else:
+        return tl.program_id(0) % N_XCD
 
 
 @triton.jit
@@ -72,6 +89,20 @@ def nanoseconds(USE_ASM: tl.constexpr, AMD: tl.constexpr = False):
                                              is_pure=False, pack=1)
     else:
         return tl.program_id(0).to(tl.int64) * 0
+
+
+def amd_cu_slot(packed: int) -> int:
+    """The CU's place inside its XCD from a packed id: HW_ID bits 8-15 (CU_ID | SH_ID << 4 | SE_ID << 5).
+    Unique per CU of one XCD and stable across launches, but not dense (harvested CUs leave gaps):
+    kog.probe.probes.l2map_amd.dense_cu_ids turns (xcd, slot) pairs into CU ids 0..CUs-1."""
+    return (int(packed) >> 8) & 0xFF
+
+
+def simulated_amd_id(pid: int, n_xcd: int, cus_per_xcd: int) -> int:
+    """The packed id a round-robin MI300X would give workgroup `pid` if every XCD filled its CUs in
+    order: XCD pid % n_xcd, slot (pid // n_xcd) % cus_per_xcd. Used only where no asm runs (the CPU
+    interpreter), so AMD host code has ids of the right shape; never a measurement."""
+    return ((pid % n_xcd) << 16) | (((pid // n_xcd) % cus_per_xcd) << 8)
 
 
 def decode_amd_hw_id(packed: int, cus_per_se_sh: int = 16) -> dict[str, int]:
