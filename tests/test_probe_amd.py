@@ -446,3 +446,21 @@ def test_signal_refuses_amd_instead_of_writing_out_of_bounds(monkeypatch):
     monkeypatch.setattr(ProbeContext, "use_asm", property(lambda self: True))
     with pytest.raises(NotImplementedError, match="signal on AMD"):
         signal.measure(ProbeContext(sms=304, vendor="amd", dies=8))
+
+
+@needs_interp
+def test_ladder_kernel_one_chaser_per_xcd_follows_the_cycle():
+    from kog.probe.probes.latency import build_chain
+    n, warm, steps = 96, 5, 37
+    buf, _, perm = build_chain(n, "cpu", seed=9)
+    p = perm.tolist()
+    starts = torch.tensor([p[(x % 8) * n // 8] * 32 for x in range(16)], dtype=torch.int32)
+    claim = torch.zeros(16, dtype=torch.int32)
+    out = torch.zeros(64, dtype=torch.int64)
+    l2map_amd.xcd_ladder_kernel[(32,)](buf, starts, claim, out, warm, steps, N_XCD=8, USE_ASM=False, AMD=True,
+                                       num_warps=1)
+    assert claim[:8].tolist() == [x + 1 for x in range(8)] and claim[8:].sum() == 0   # first wg of each XCD
+    o = out.view(16, 4)
+    for x in range(8):
+        assert o[x, 2].item() // 32 == p[(x * n // 8 + warm + steps) % n]
+        assert o[x, 3].item() == x                    # the claiming program's id (no asm: program id)
