@@ -150,7 +150,7 @@ def _():
 
 @section("llama1b_perf")
 def _():
-    if "--sweep-only" in sys.argv:
+    if "--sweep-only" in sys.argv or "--no-perf" in sys.argv:
         return {}
     return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
 
@@ -160,14 +160,9 @@ def _():
     if "--quick" in sys.argv:
         return {}
     out = {}
-    B = lambda n: dict(bn_qkv=n, bn_o=n, bn_gate_up=n, bn_down=n, bn_lm=n)
-    base = dict(prefetch=0, ctas_per_sm=2, **B(8))
-    grid = [dict(base), dict(base, mapping="contiguous"), dict(base, mapping="contiguous", sync_rows=8192),
-            dict(base, sync_rows=8192), dict(base, mapping="contiguous", sync_rows=512),
-            dict(base, mode="grid"), dict(base, mode="grid", mapping="contiguous"),
-            dict(prefetch=0, ctas_per_sm=3, **B(4), mapping="contiguous", sync_rows=8192),
-            dict(base, mapping="contiguous", sync_rows=8192, prefetch=1),
-            dict(prefetch=0, ctas_per_sm=1, num_warps=8, **B(16), mapping="contiguous", sync_rows=8192)]
+    grid = [dict(), dict(mode="grid"), dict(attn_block=32), dict(mode="grid", mapping="contiguous"),
+            dict(mapping="contiguous"), dict(bn_gate_up=8), dict(ctas_per_sm=3, bn_qkv=4, bn_o=4, bn_down=4, bn_lm=4),
+            dict(attn_block=128)]
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:

@@ -43,7 +43,8 @@ S_DONE: tl.constexpr = tl.constexpr(2)      # CTAs finished with the current tok
 S_BAR: tl.constexpr = tl.constexpr(3)       # grid-barrier arrivals (monotonic)
 S_STOP: tl.constexpr = tl.constexpr(4)      # EOS seen
 S_NTOK: tl.constexpr = tl.constexpr(5)      # tokens produced
-S_SLOT: tl.constexpr = tl.constexpr(16)     # per-SM slot counters for the topology mapping
+S_SLOT: tl.constexpr = tl.constexpr(16)     # start-up rendezvous of the topology mapping
+S_ARR: tl.constexpr = tl.constexpr(1024)    # per-KV-head arrivals of attention splits (monotonic)
 
 
 @triton.jit
@@ -129,11 +130,31 @@ def _load_x(x_ptr, g_ptr, kk, K: tl.constexpr, EVEN: tl.constexpr, NORM: tl.cons
 
 
 @triton.jit
-def _gemv(w_ptr, w_off, x_ptr, g_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
-          K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, WAIT: tl.constexpr,
+def _rnd(x, DT: tl.constexpr):
+    """Round to the model dtype and back: activations are rounded where HF keeps bf16/fp16 tensors, so the
+    kernel computes the reference's function, not a more precise neighbour of it."""
+    return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _normed_x(x_ptr, g_ptr, eps, kk, K: tl.constexpr, DT: tl.constexpr):
+    """HF RMSNorm of the whole input vector: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)."""
+    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+    g = tl.load(g_ptr + kk, mask=kk < K, other=0.0)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+    return _rnd(_rnd(x * r, DT) * g, DT)
+
+
+@triton.jit
+def _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin,
+          task, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, WAIT: tl.constexpr,
           TRACE: tl.constexpr, VENDOR: tl.constexpr):
-    """acc[BN] = W[tile rows, :K] . (x * gamma)[:K] and sum(x*x). Each chunk's weight load is issued BEFORE
-    the wait for the matching chunk of x, so the HBM stream does not stop at a dependency."""
+    """acc[BN] = W[tile rows, :K] . x (x RMS-normed with weight g when NORM). Each chunk's weight load is
+    issued BEFORE the wait for the matching chunk of x, so the HBM stream does not stop at a dependency.
+
+    NORM with K <= BK normalizes x first, exactly as HF does; a longer K (hidden > block_k) applies the
+    1/rms scale to the dot product instead (same math, different rounding)."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
     EVEN: tl.constexpr = K % BK == 0
     rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -151,17 +172,27 @@ def _gemv(w_ptr, w_off, x_ptr, g_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sy
                                 err_ptr, max_spin, task)
             if TRACE:
                 waited += global_time_ns(VENDOR) - w0
-        x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, NORM)
+        if NORM:
+            if K <= BK:
+                xg = _normed_x(x_ptr, g_ptr, eps, kk, K, DT)
+            else:
+                x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, True)
+                ss += tl.sum(x * x, axis=0)
+        else:
+            x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, False)
         acc += tl.sum(w.to(tl.float32) * xg[None, :], axis=1)
-        ss += tl.sum(x * x, axis=0)
-    return acc, ss, waited, rb, rm
+    if NORM:
+        if K > BK:
+            acc = acc * (1.0 / tl.sqrt(ss / K + eps))
+    return acc, waited, rb, rm
 
 
 @triton.jit
-def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin,
-           task, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr, TRACE: tl.constexpr,
-           VENDOR: tl.constexpr):
-    """Two row tiles (gate and up) against the same normed x, sharing the waits and the x loads."""
+def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr,
+           max_spin, task, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr,
+           TRACE: tl.constexpr, VENDOR: tl.constexpr):
+    """Two row tiles (gate and up) against the same RMS-normed x, sharing the waits and the x loads."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
     EVEN: tl.constexpr = K % BK == 0
     rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -182,11 +213,18 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, cnt_ptr, tgt_ptr, cbase, R, t1, rb
                                 err_ptr, max_spin, task)
             if TRACE:
                 waited += global_time_ns(VENDOR) - w0
-        x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, True)
+        if K <= BK:
+            xg = _normed_x(x_ptr, g_ptr, eps, kk, K, DT)
+        else:
+            x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, True)
+            ss += tl.sum(x * x, axis=0)
         acc_a += tl.sum(wa.to(tl.float32) * xg[None, :], axis=1)
         acc_b += tl.sum(wb.to(tl.float32) * xg[None, :], axis=1)
-        ss += tl.sum(x * x, axis=0)
-    return acc_a, acc_b, ss, waited, rb, rm
+    if K > BK:
+        r = 1.0 / tl.sqrt(ss / K + eps)
+        acc_a = acc_a * r
+        acc_b = acc_b * r
+    return acc_a, acc_b, waited, rb, rm
 
 
 @triton.jit
@@ -223,28 +261,29 @@ def _cache_block(kbase, vbase, p0, pos, HD: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, BT: tl.constexpr):
-    """Online-softmax update with one block of cached positions [p0, p0 + BT) (those < pos count)."""
+def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
+    """Online-softmax update with one block of cached positions [p0, p0 + BT) (those < pos count).
+    Scores are rounded to the model dtype before scaling, as HF's bf16 q @ k^T then .float() * scale."""
     t = tl.arange(0, BT)
-    s = tl.dot(qb, tl.trans(kb))                      # [GP, BT]
+    s = tl.dot(qb, tl.trans(kb)).to(kb.dtype).to(tl.float32) * sm_scale      # [GP, BT]
     s = tl.where(((p0 + t) < pos)[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
+    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
+    p = tl.where(s == float("-inf"), 0.0, tl.exp(s - m_new[:, None]))
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
     return m_new, l_i, acc
 
 
 @triton.jit
-def _attention(qkv_ptr, attn_ptr, kbase, vbase, kb0, vb0, p_lo, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, pos, eps,
-               sm_scale, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr,
-               BT: tl.constexpr, QK_NORM: tl.constexpr):
-    """Attention of the G query heads of KV head g at position pos over positions [p_lo, pos].
-
-    kb0/vb0: the first cache block [p_lo, p_lo + BT), loaded by the caller before it waited for q/k/v.
-    This position's k/v enter the softmax straight from registers (and are written to the cache for the
-    tokens after), so no read-back and no CTA barrier sit on the critical path."""
+def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, split, pos,
+                eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
+                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr):
+    """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
+    positions [p0, p0 + BT) that precede pos, plus the new position pos when it falls in this split. Writes
+    the split's softmax partial (acc, m, l) for the combine. kb0/vb0 were loaded by the caller before it
+    waited for q/k/v. Rounding follows HF: RoPE and q/k norm in the model dtype, bf16 scores."""
+    DT: tl.constexpr = kbase.dtype.element_ty
     d = tl.arange(0, HD)
     half: tl.constexpr = HD // 2
     dp = (d + half) % HD                         # rotate_half partner
@@ -254,37 +293,58 @@ def _attention(qkv_ptr, attn_ptr, kbase, vbase, kb0, vb0, p_lo, cos_ptr, sin_ptr
     qrow = (g * G + gq)[:, None] * HD
     q = tl.load(qkv_ptr + qrow + d[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
     qs = tl.load(qkv_ptr + qrow + dp[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
-    kof = QS + g * HD
-    vof = QS + KVS + g * HD
-    k = tl.load(qkv_ptr + kof + d, cache_modifier=".cg")
-    ks = tl.load(qkv_ptr + kof + dp, cache_modifier=".cg")
-    v = tl.load(qkv_ptr + vof + d, cache_modifier=".cg")
     if QK_NORM:
         rq = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
-        q = q * rq[:, None] * tl.load(qn_ptr + d)[None, :]
-        qs = qs * rq[:, None] * tl.load(qn_ptr + dp)[None, :]
-        rk_ = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
-        k = k * rk_ * tl.load(kn_ptr + d)
-        ks = ks * rk_ * tl.load(kn_ptr + dp)
+        q = _rnd(_rnd(q * rq[:, None], DT) * tl.load(qn_ptr + d)[None, :], DT)
+        qs = _rnd(_rnd(qs * rq[:, None], DT) * tl.load(qn_ptr + dp)[None, :], DT)
     cos = tl.load(cos_ptr + pos * HD + d)
     sin = tl.load(sin_ptr + pos * HD + d)
-    q = (q * cos[None, :] + sgn[None, :] * qs * sin[None, :]) * sm_scale
-    k = k * cos + sgn * ks * sin
-    kc = k.to(kbase.dtype.element_ty)
-    vc = v.to(vbase.dtype.element_ty)
-    tl.store(kbase + pos * HD + d, kc)
-    tl.store(vbase + pos * HD + d, vc)
-    qb = q.to(kbase.dtype.element_ty)
-    # the new position first (scores as the cache would give them: k, v rounded to the cache dtype)
-    m_i = tl.sum(qb.to(tl.float32) * kc.to(tl.float32)[None, :], axis=1)
-    l_i = tl.full([GP], 1.0, tl.float32)
-    acc = tl.zeros([GP, HD], dtype=tl.float32) + vc.to(tl.float32)[None, :]
-    m_i, l_i, acc = _attn_block(qb, kb0, vb0, p_lo, pos, m_i, l_i, acc, BT)
-    for p0 in range(p_lo + BT, pos, BT):
-        kb, vb = _cache_block(kbase, vbase, p0, pos, HD, BT)
-        m_i, l_i, acc = _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, BT)
-    o = acc / l_i[:, None]
-    tl.store(attn_ptr + qrow + d[None, :], o, mask=qm[:, None])
+    q = _rnd(_rnd(q * cos[None, :], DT) + _rnd(sgn[None, :] * qs * sin[None, :], DT), DT)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, HD], dtype=tl.float32)
+    if (pos >= p0) & (pos < p0 + BT):
+        # this split holds the new position: its k/v enter from registers and go to the cache for later tokens
+        kof = QS + g * HD
+        k = tl.load(qkv_ptr + kof + d, cache_modifier=".cg")
+        ks = tl.load(qkv_ptr + kof + dp, cache_modifier=".cg")
+        v = tl.load(qkv_ptr + QS + KVS + g * HD + d, cache_modifier=".cg")
+        if QK_NORM:
+            rk_ = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
+            k = _rnd(_rnd(k * rk_, DT) * tl.load(kn_ptr + d), DT)
+            ks = _rnd(_rnd(ks * rk_, DT) * tl.load(kn_ptr + dp), DT)
+        k = _rnd(_rnd(k * cos, DT) + _rnd(sgn * ks * sin, DT), DT)
+        tl.store(kbase + pos * HD + d, k.to(DT))
+        tl.store(vbase + pos * HD + d, v.to(DT))
+        m_i = _rnd(tl.sum(q * k[None, :], axis=1), DT) * sm_scale
+        l_i = tl.full([GP], 1.0, tl.float32)
+        acc = tl.zeros([GP, HD], dtype=tl.float32) + v[None, :]
+    if p0 < pos:
+        m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+    base = part_ptr + (g * S + split) * GP * (HD + 2)
+    tl.store(base + gq[:, None] * HD + d[None, :], acc)
+    tl.store(base + GP * HD + gq, m_i)
+    tl.store(base + GP * HD + GP + gq, l_i)
+
+
+@triton.jit
+def _attn_combine(part_ptr, attn_ptr, g, n_act, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                  GH: tl.constexpr, SP: tl.constexpr, DT: tl.constexpr):
+    """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output
+    (GH = G rounded up to a power of two)."""
+    sp = tl.arange(0, SP)
+    gq = tl.arange(0, GH)
+    d = tl.arange(0, HD)
+    sm = sp < n_act
+    base = part_ptr + (g * S + sp) * GP * (HD + 2)                     # [SP]
+    m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
+    a = tl.load(base[:, None, None] + gq[None, :, None] * HD + d[None, None, :], mask=sm[:, None, None], other=0.0,
+                cache_modifier=".cg")                                  # [SP, GH, HD]
+    M = tl.max(m, axis=0)                                              # [GH]
+    w = tl.where(sm[:, None], tl.exp(m - M[None, :]), 0.0)             # [SP, GH]
+    o = tl.sum(a * w[:, :, None], axis=0) / tl.sum(l * w, axis=0)[:, None]
+    tl.store(attn_ptr + (g * G + gq)[:, None] * HD + d[None, :], _rnd(o, DT), mask=(gq < G)[:, None])
 
 
 @triton.jit
@@ -304,7 +364,7 @@ def monokernel(
     # weights and model data
     w_ptr, woff_ptr, small_ptr, soff_ptr, embed_ptr, cos_ptr, sin_ptr, cache_ptr,
     # activations (fp32) and outputs
-    act_ptr, aoff_ptr, logits_ptr, write_logits, partial_v_ptr, partial_i_ptr, out_ptr, forced_ptr, eos_ptr, n_eos,
+    act_ptr, aoff_ptr, logits_ptr, write_logits, part_ptr, attn_S, partial_v_ptr, partial_i_ptr, out_ptr, forced_ptr, eos_ptr, n_eos,
     # the plan
     tasks_ptr, cta_start_ptr, layout_ptr, rpc_ptr, tgt_ptr, cnt_ptr, dummy_base, smid_tab_ptr, use_smid,
     # sync, errors, trace
@@ -313,7 +373,7 @@ def monokernel(
     pos0, n_tokens, max_seq, window, fnorm_off, force, seed, inv_temp, top_k, top_p, eps, sm_scale, max_spin, bar_per_tok,
     # shapes
     H: tl.constexpr, I: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
-    HD: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    HD: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GH: tl.constexpr, SP: tl.constexpr,
     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
     # tiling and modes
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
@@ -325,6 +385,7 @@ def monokernel(
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
     WAIT: tl.constexpr = MODE == 1
+    DT: tl.constexpr = w_ptr.dtype.element_ty
     BK_GU: tl.constexpr = BK // 2 if BK >= 128 else BK   # gate+up: two tiles, same registers as one
     nprog = tl.num_programs(0)
     pid = tl.program_id(0)
@@ -385,72 +446,80 @@ def monokernel(
                     rows = tile * BN_QKV + tl.arange(0, BN_QKV)
                     # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
                     # always-ready dummy counters
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
-                                                    small_ptr + tl.load(soff_ptr + layer * 8 + 3), cnt_ptr,
+                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
                                                     tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
                                                     max_spin, ti, H, BN_QKV, BK, True, WAIT, TRACE, VENDOR)
-                    y = acc * (1.0 / tl.sqrt(ss / H + eps))
+                    y = acc
                     if HAS_BIAS:
                         y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, y)
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
                     pend_n += 1
                 elif typ == T_ATTN:
-                    g = tile
+                    # one split of one KV head; the last split to arrive merges the partials and publishes
+                    g = tile // attn_S
+                    split = tile % attn_S
                     kbase = cache_ptr + tl.cast(layer, tl.int64) * 2 * kc_layer + tl.cast(g, tl.int64) * max_seq * HD
                     p_lo = 0
                     if window > 0:
                         p_lo = tl.maximum(pos - window + 1, 0)
-                    kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p_lo, pos, HD, BT)   # before the wait
-                    if WAIT:
-                        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1, rb, rm,
-                                            sync_ptr, err_ptr, max_spin, ti)
-                        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD, t1, rb, rm,
-                                            sync_ptr, err_ptr, max_spin, ti)
-                        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD, QS + KVS + (g + 1) * HD,
-                                            t1, rb, rm, sync_ptr, err_ptr, max_spin, ti)
-                        if TRACE:
-                            waited = global_time_ns(VENDOR) - t_start
-                    _attention(act_ptr + tl.load(aoff_ptr + lrow + 1), act_ptr + tl.load(aoff_ptr + lrow + 2), kbase,
-                               kbase + kc_layer, kb0, vb0, p_lo, cos_ptr, sin_ptr,
-                               small_ptr + tl.load(soff_ptr + layer * 8 + 1),
-                               small_ptr + tl.load(soff_ptr + layer * 8 + 2),
-                               g, pos, eps, sm_scale, HD, G, GP, QS, KVS, BT, QK_NORM)
-                    pend_n += 1
+                    p0 = p_lo + split * BT
+                    if p0 <= pos:
+                        kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)   # before the wait
+                        if WAIT:
+                            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1, rb,
+                                                rm, sync_ptr, err_ptr, max_spin, ti)
+                            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD, t1, rb,
+                                                rm, sync_ptr, err_ptr, max_spin, ti)
+                            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
+                                                QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr, max_spin, ti)
+                            if TRACE:
+                                waited = global_time_ns(VENDOR) - t_start
+                        _attn_split(act_ptr + tl.load(aoff_ptr + lrow + 1), part_ptr, kbase, kbase + kc_layer, kb0,
+                                    vb0, p0, cos_ptr, sin_ptr, small_ptr + tl.load(soff_ptr + layer * 8 + 1),
+                                    small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
+                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM)
+                    tl.debug_barrier()
+                    old = tl.atomic_add(sync_ptr + S_ARR + g, 1, sem="acq_rel", scope="gpu")
+                    if old == (step * L + layer + 1) * attn_S - 1:
+                        n_act = tl.minimum((pos - p_lo) // BT + 1, attn_S)
+                        _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
+                                      GH, SP, DT)
+                        pend_n += 1
                 elif typ == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr,
+                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps,
                                                     cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr,
                                                     err_ptr, max_spin, ti, QS, BN_O, BK, False, WAIT, TRACE, VENDOR)
                     h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, h + acc)
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT))
                     pend_n += 1
                 elif typ == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
-                    ag, au, ss, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
-                                                        act_ptr + tl.load(aoff_ptr + lrow + 3),
-                                                        small_ptr + tl.load(soff_ptr + layer * 8 + 4), cnt_ptr, tgt_ptr,
+                    ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
+                                                    act_ptr + tl.load(aoff_ptr + lrow + 3),
+                                                    small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps, cnt_ptr, tgt_ptr,
                                                         cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr,
                                                         max_spin, ti, H, BN_GU, BK_GU, WAIT, TRACE, VENDOR)
-                    r = 1.0 / tl.sqrt(ss / H + eps)
-                    gt = ag * r
-                    y = gt / (1.0 + tl.exp(-gt)) * (au * r)
+                    gt = _rnd(ag, DT)
+                    y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # HF: silu(g) * u in bf16
                     tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y)
                     pend_n += 1
                 elif typ == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr,
+                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps,
                                                     cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr,
                                                     err_ptr, max_spin, ti, I, BN_DOWN, BK, False, WAIT, TRACE, VENDOR)
                     hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, hm + acc)
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT))
                     pend_n += 1
                 elif typ == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
-                    acc, ss, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
-                                                    small_ptr + fnorm_off, cnt_ptr,
+                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                small_ptr + fnorm_off, eps, cnt_ptr,
                                                     tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
                                                     max_spin, ti, H, BN_LM, BK, True, WAIT, TRACE, VENDOR)
-                    lg = acc * (1.0 / tl.sqrt(ss / H + eps))
+                    lg = _rnd(acc, DT)                            # HF returns logits in the model dtype
                     if write_logits != 0:
                         tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
                     if SAMPLE == 2:

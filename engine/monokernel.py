@@ -55,9 +55,15 @@ class Monokernel:
         else:
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.sms = sms
-        self.plan: Plan = make_plan(cfg, self.ecfg, sms, sm_partition)
         self.ref = Reference(cfg, weights, max_seq)
         self.max_seq = self.ref.max_seq
+        # attention splits: each covers attn_block positions, together the whole cache (or the sliding window)
+        span = min(self.max_seq, getattr(cfg, "sliding_window", None) or self.max_seq)
+        self.attn_splits = -(-span // self.ecfg.attn_block)
+        if self.attn_splits > 64:
+            raise ConfigError(f"max_seq {self.max_seq} needs {self.attn_splits} attention splits of "
+                              f"{self.ecfg.attn_block} positions (at most 64): raise attn_block")
+        self.plan: Plan = make_plan(cfg, self.ecfg, sms, sm_partition, self.attn_splits)
         self.trace_tokens = trace_tokens
         self._pack(weights)
         self._alloc()
@@ -125,6 +131,10 @@ class Monokernel:
         self.gpow = _next_pow2(p.grid)
         self.partial_v = torch.zeros(self.gpow + cfg.vocab_size, dtype=torch.float32, device=dev)
         self.partial_i = torch.zeros(self.gpow, dtype=torch.int32, device=dev)
+        g = cfg.num_heads // cfg.num_kv_heads
+        self.gp = max(16, _next_pow2(g))
+        self.part = torch.zeros(cfg.num_kv_heads * self.attn_splits * self.gp * (cfg.head_dim + 2),
+                                dtype=torch.float32, device=dev)
         i32 = dict(dtype=torch.int32, device=dev)
         self.dummy_base = p.n_counters
         self.tasks = torch.tensor(self._task_table(), **i32)
@@ -171,7 +181,7 @@ class Monokernel:
             rel[m] = lay[layer[m], buf] + (tile[m] * bn) // R[buf]
             wait[m] = wb[m]
         m = typ == T_ATTN
-        rel[m] = lay[layer[m], BUF_ATTN] + tile[m]
+        rel[m] = lay[layer[m], BUF_ATTN] + tile[m] // self.attn_splits    # tile = kv head * splits + split
         wait[m] = lay[layer[m], BUF_QKV]
         m = typ == T_LM
         woff[m] = wo[L, 0] + tile[m] * e.bn_lm * H
@@ -205,7 +215,7 @@ class Monokernel:
         g = cfg.num_heads // cfg.num_kv_heads
         window = getattr(cfg, "sliding_window", None) or 0
         args = (self.wbuf, self.woff, self.small, self.soff, self.embed, self.cos, self.sin, self.ref.cache,
-                self.act, self.aoff, logits, 1 if write_logits else 0, self.partial_v, self.partial_i, out, forced_t, self.eos, self.n_eos,
+                self.act, self.aoff, logits, 1 if write_logits else 0, self.part, self.attn_splits, self.partial_v, self.partial_i, out, forced_t, self.eos, self.n_eos,
                 self.tasks, self.cta_start, self.layout, self.rpc, self.target, self.cnt, self.dummy_base,
                 self.smid_tab, 1 if e.mapping == "topology" else 0,
                 self.sync, self.err, self.trace, self.trace_tokens if trace else 0, self.trace_cap,
@@ -213,7 +223,8 @@ class Monokernel:
                 1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
                 1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
         meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
-                    HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=max(16, _next_pow2(g)),
+                    HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=self.gp, GH=_next_pow2(g),
+                    SP=_next_pow2(self.attn_splits),
                     HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,

@@ -54,11 +54,11 @@ class Plan:
         return out
 
 
-def _phase_tasks(model: ModelConfig, ecfg: EngineConfig) -> list[tuple[int, int, int]]:
+def _phase_tasks(model: ModelConfig, ecfg: EngineConfig, attn_splits: int = 1) -> list[tuple[int, int, int]]:
     """(type, layer, n_tiles) of every phase of one decode step, in execution order."""
     ph = []
     for layer in range(model.num_layers):
-        ph += [(T_QKV, layer, model.qkv_size // ecfg.bn_qkv), (T_ATTN, layer, model.num_kv_heads),
+        ph += [(T_QKV, layer, model.qkv_size // ecfg.bn_qkv), (T_ATTN, layer, model.num_kv_heads * attn_splits),
                (T_O, layer, model.hidden_size // ecfg.bn_o),
                (T_GU, layer, model.intermediate_size // ecfg.bn_gate_up),
                (T_DOWN, layer, model.hidden_size // ecfg.bn_down)]
@@ -88,11 +88,12 @@ def _deal(n: int, grid: int, mapping: str, cursor: int, die_of_cta: np.ndarray |
 
 
 def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
-              sm_partition: dict[int, int] | None = None) -> Plan:
+              sm_partition: dict[int, int] | None = None, attn_splits: int = 1) -> Plan:
     """Plan one decode step for `sms` SMs with ecfg.ctas_per_sm CTAs each.
 
     sm_partition (SM id -> L2 partition / die, from kogprobe) is required by mapping="topology"; the
-    kernel then finds its CTA number from %smid (smid_map) instead of program_id.
+    kernel then finds its CTA number from %smid instead of program_id. attn_splits: attention tasks per KV
+    head (each covers attn_block cache positions; the last to finish merges them).
     """
     ecfg.validate(model)
     if model.head_dim & (model.head_dim - 1):
@@ -115,7 +116,7 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     per_cta: list[list[tuple[int, int, int, int]]] = [[] for _ in range(grid)]
     cursor = 0
     nbar = 0
-    for ttype, layer, n in _phase_tasks(model, ecfg):
+    for ttype, layer, n in _phase_tasks(model, ecfg, attn_splits):
         owner, cursor = _deal(n, grid, ecfg.mapping, cursor, die_of_cta)
         for tile, c in enumerate(owner):
             per_cta[int(c)].append((ttype, layer, tile, 0))
@@ -150,13 +151,14 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     target = np.array(targets, dtype=np.int32)
     return Plan(grid=grid, tasks=tasks, cta_start=cta_start, layout=layout, rows_per_counter=R,
                 target=target, n_counters=len(target), barriers_per_token=nbar, smid_map=smid_map,
-                cta_die=die_of_cta, meta={"mapping": ecfg.mapping, "mode": ecfg.mode, "sms": sms})
+                cta_die=die_of_cta, meta={"mapping": ecfg.mapping, "mode": ecfg.mode, "sms": sms,
+                                          "attn_splits": attn_splits})
 
 
 def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> None:
     """Invariants the kernel relies on (used by the tests and before every launch in debug mode):
     every task exactly once, each CTA's list in phase order, counters' targets sum to the producer tiles."""
-    expected = _phase_tasks(model, ecfg)
+    expected = _phase_tasks(model, ecfg, plan.meta.get("attn_splits", 1))
     seen = {(t, layer): 0 for t, layer, _ in expected}
     order = {(t, layer): i for i, (t, layer, _) in enumerate(expected)}
     for c in range(plan.grid):
