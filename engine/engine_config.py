@@ -27,7 +27,7 @@ class EngineConfig:
     block_k: int = 2048               # K chunk a task loads per step (and the finest wait along K)
     bn_qkv: int = 8                   # rows per task, per phase
     bn_o: int = 8
-    bn_gate_up: int = 4               # gate and up: two tiles per task, so half the rows of the others
+    bn_gate_up: int = 8
     bn_down: int = 8
     bn_lm: int = 8
     sync_rows: int = 8192                # producer rows that share one readiness counter (0 = one per block_k)
