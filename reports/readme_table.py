@@ -4,7 +4,7 @@
     python -m kog.reports.readme_table --write README.md bench/h200/*.json   # replace it in place
 
 The block (between BEGIN and END below) is a markdown table, one row per (bench file, system), and a
-list of the engine's targets (issue 1: llama-3.2-1b on the lent H200) each marked met or not met from the
+list of the engine's targets (issue 3: llama-3.2-1b on the lent H200) each marked met or not met from the
 same numbers. Files that are not bench documents (no 'systems' / 'limit_tok_per_s', e.g. sweep or scan
 summaries matched by the glob) are skipped. tests/test_readme.py checks the README against these files.
 """
@@ -21,7 +21,7 @@ END = "<!-- /results -->"
 COLUMNS = ["model", "system", "tok/s", "% of limit", "limit tok/s", "copy GB/s", "max_rel_err", "source"]
 NONE = "–"
 
-# issue 1's targets (lent H200, llama-3.2-1b, bf16, batch 1, 64-token prompt, 512 new tokens)
+# issue 3's targets (lent H200, llama-3.2-1b, bf16, batch 1, 64-token prompt, 512 new tokens)
 TARGET_MODEL = "llama-3.2-1b"
 TARGET_TOK_PER_S = 1200.0
 TARGET_MAX_REL_ERR = 2e-2
@@ -149,7 +149,7 @@ def notes(benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
 def results_block(benches: list[tuple[str, dict[str, Any]]]) -> str:
     extra = notes(benches)
     return "\n".join([BEGIN, "", markdown_table(benches), "", *(extra + [""] if extra else []),
-                      "Targets (issue 1), from the same files:", "", *targets(benches), "", END])
+                      "Targets (issue 3), from the same files:", "", *targets(benches), "", END])
 
 
 def replace_block(text: str, block: str) -> str:

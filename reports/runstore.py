@@ -116,12 +116,18 @@ def _check_name(name: str) -> str:
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
-    """The commit of the kog source tree ("<sha>-dirty" with uncommitted changes), None outside git."""
+    """The commit of the kog source tree ("<sha>-dirty" with uncommitted changes), None outside git.
+
+    KOG_GIT_COMMIT overrides it: a copy of the tree without its history (a device machine's checkout copy)
+    cannot name its commit itself."""
+    if os.environ.get("KOG_GIT_COMMIT"):
+        return os.environ["KOG_GIT_COMMIT"]
     here = cwd or Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        if not sha:
+        r = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD"], cwd=here, capture_output=True,
+                           text=True, timeout=5)
+        sha = r.stdout.strip()
+        if r.returncode != 0 or len(sha) != 40:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=5).stdout.strip()
