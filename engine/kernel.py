@@ -406,12 +406,14 @@ def monokernel(
     kc_layer = NKV * max_seq * HD
     R_QKV = tl.load(rpc_ptr + 0)
     tr = 0
+    stop = 0
     for step in range(0, n_tokens):
         t1 = step + 1
         pos = pos0 + step
-        # this token's input embedding is ready (and generation has not stopped)
-        _spin_until(sync_ptr + S_TOK, step, sync_ptr, err_ptr, max_spin, -1, -1)
-        stop = tl.load(sync_ptr + S_STOP, volatile=True)
+        # this token's input embedding is ready, unless generation stopped at EOS (then no token comes)
+        if stop == 0:
+            _spin_until(sync_ptr + S_TOK, step, sync_ptr, err_ptr, max_spin, -1, -1)
+            stop = tl.load(sync_ptr + S_STOP, volatile=True)
         if stop == 0:
             best_v = float("-inf")
             best_i = 0

@@ -1,0 +1,95 @@
+"""The monokernel's schedule alone (engine/plan.py): no kernel runs here."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kog.engine.config import PRESETS, ConfigError
+from kog.engine.engine_config import EngineConfig
+from kog.engine.plan import (BUF_ATTN, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, check_plan, make_plan)
+
+LLAMA = PRESETS["llama-3.2-1b"]
+
+
+@pytest.mark.parametrize("mapping", ["round-robin", "contiguous"])
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_every_task_once_in_phase_order(mapping, mode):
+    e = EngineConfig(mode=mode, mapping=mapping)
+    p = make_plan(LLAMA, e, 132, attn_splits=3)
+    check_plan(p, LLAMA, e)
+    counts = p.phase_counts()
+    assert counts["qkv"] == LLAMA.num_layers * LLAMA.qkv_size // e.bn_qkv
+    assert counts["attn"] == LLAMA.num_layers * LLAMA.num_kv_heads * 3
+    assert counts["lm"] == LLAMA.vocab_size // e.bn_lm
+    assert p.grid == 132 * e.ctas_per_sm
+    # grid mode: every CTA meets every barrier; targeted mode has none
+    nbar = int((p.tasks[:, 0] == T_BAR).sum())
+    assert nbar == (p.grid * 5 * LLAMA.num_layers if mode == "grid" else 0)
+
+
+def test_round_robin_spreads_small_phases():
+    """Attention has only num_kv_heads tasks a layer: the dealing cursor moves them to other CTAs each
+    layer instead of piling them on CTAs 0..7."""
+    p = make_plan(LLAMA, EngineConfig(), 132)
+    owners = [int(np.searchsorted(p.cta_start, i, side="right") - 1) for i in np.flatnonzero(p.tasks[:, 0] == T_ATTN)]
+    assert len(set(owners)) > 4 * LLAMA.num_kv_heads
+
+
+def test_counters_cover_each_buffer():
+    e = EngineConfig(sync_rows=512)
+    p = make_plan(LLAMA, e, 132)
+    # qkv: 3072 rows in counters of 512 rows, each counting 512 / bn_qkv tiles per token
+    q0 = p.layout[0, BUF_QKV]
+    assert list(p.target[q0:q0 + 6]) == [512 // e.bn_qkv] * 6
+    # attention: one counter per KV head, one release per token (the last split publishes)
+    a0 = p.layout[0, BUF_ATTN]
+    assert list(p.target[a0:a0 + LLAMA.num_kv_heads]) == [1] * LLAMA.num_kv_heads
+    assert p.rows_per_counter[BUF_ATTN] == (LLAMA.num_heads // LLAMA.num_kv_heads) * LLAMA.head_dim
+
+
+def test_topology_mapping_uses_the_probe_partitions():
+    from kog.probe import bundled_scan_path
+    from kog.reports.runstore import open_run
+    part = open_run(bundled_scan_path()).table("l2_partition")
+    sm_partition = dict(zip(part["sm"].astype(int), part["partition"].astype(int)))
+    e = EngineConfig(mapping="topology")
+    p = make_plan(LLAMA, e, 132, sm_partition)
+    check_plan(p, LLAMA, e)
+    # each die streams one contiguous block of every matrix: qkv tiles of the first half on die 0's CTAs
+    qkv = np.flatnonzero((p.tasks[:, 0] == T_QKV) & (p.tasks[:, 1] == 0))
+    owner = np.searchsorted(p.cta_start, qkv, side="right") - 1
+    tiles = p.tasks[qkv, 2]
+    dies = p.cta_die[owner]
+    first = tiles < (LLAMA.qkv_size // e.bn_qkv) // 2
+    assert len(set(dies[first])) == 1 and len(set(dies[~first])) == 1 and set(dies[first]) != set(dies[~first])
+
+
+def test_topology_mapping_needs_a_scan():
+    with pytest.raises(ConfigError, match="kogprobe scan"):
+        make_plan(LLAMA, EngineConfig(mapping="topology"), 132)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(bn_qkv=3), "power of two"),
+    (dict(bn_lm=4096), "does not divide"),
+    (dict(mode="async"), "mode"),
+    (dict(ctas_per_sm=9), "ctas_per_sm"),
+    (dict(sync_rows=4, bn_qkv=8), "multiple of bn_qkv"),
+])
+def test_impossible_configs_are_refused(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        EngineConfig(**bad).validate(LLAMA)
+
+
+def test_residency_bound():
+    with pytest.raises(ConfigError, match="fit on one SM"):
+        EngineConfig(ctas_per_sm=4).validate(LLAMA, max_ctas_per_sm=2)
+
+
+def test_lm_head_is_last_everywhere():
+    p = make_plan(LLAMA, EngineConfig(), 132)
+    for c in range(p.grid):
+        t = p.tasks_of(c)
+        lm = np.flatnonzero(t[:, 0] == T_LM)
+        if len(lm):
+            assert lm[0] == len(t) - len(lm)
