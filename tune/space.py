@@ -20,7 +20,7 @@ BN_CHOICES = (1, 2, 4, 8, 16, 32)
 BLOCK_K_CHOICES = (256, 512, 1024, 2048, 4096)
 WARPS_CHOICES = (2, 4, 8)
 CTAS_CHOICES = (1, 2, 3, 4, 5, 6, 8)
-SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 4096)
+SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 4096, 8192)   # 8192: the engine default (one counter a buffer)
 ATTN_BLOCK_CHOICES = (32, 64, 128)
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
 
@@ -39,7 +39,7 @@ class Space:
     block_k: tuple[int, ...] = BLOCK_K_CHOICES
     bn: dict[str, tuple[int, ...]] = field(default_factory=lambda: {p: BN_CHOICES for p in PHASES})
     sync_rows: tuple[int, ...] = SYNC_ROWS_CHOICES
-    prefetch: tuple[int, ...] = (0, 1)
+    prefetch: tuple[int, ...] = (0, 1, 2)        # L2 prefetch distance in tasks
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
 
     def suggest(self, trial) -> EngineConfig:
