@@ -25,11 +25,16 @@ def bundled_scan() -> Path:
 
 
 BUNDLED_BENCH = Path(__file__).resolve().parent / "data" / "h200_bench_llama-3.2-1b.json"
+# the whole run directory of that bench (its bench.json is the same file), with the instrumented run's
+# per-task timeline: the bundled report then shows the per-SM timeline too
+BUNDLED_BENCH_RUN = Path(__file__).resolve().parent / "data" / "h200_bench_run"
 
 
 def bundled_bench() -> Path:
-    """The `kogtune bench` JSON recorded on the lent H200 that ships with kog (a copy of
-    bench/h200/llama-3.2-1b.json in the package data)."""
+    """The `kogtune bench` run recorded on the lent H200 that ships with kog: its run directory when the
+    package has it, else the bench JSON (a copy of bench/h200/llama-3.2-1b.json)."""
+    if (BUNDLED_BENCH_RUN / "meta.json").is_file():
+        return BUNDLED_BENCH_RUN
     if not BUNDLED_BENCH.is_file():
         raise KogError(f"no bundled bench: {BUNDLED_BENCH} is missing from this installation")
     return BUNDLED_BENCH

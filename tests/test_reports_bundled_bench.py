@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kog.reports.cli import BUNDLED_BENCH, bundled_bench
+from kog.reports.cli import BUNDLED_BENCH, BUNDLED_BENCH_RUN, bundled_bench
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "bench" / "h200" / "llama-3.2-1b.json"
@@ -23,9 +23,16 @@ def sections(html: str) -> dict[str, str]:
 def test_bundled_bench_is_the_committed_bench():
     if not COMMITTED.exists():
         pytest.fail(f"{COMMITTED.relative_to(REPO)} is missing: the bundled bench must be a copy of it")
-    assert json.loads(bundled_bench().read_text()) == json.loads(COMMITTED.read_text()), (
+    committed = json.loads(COMMITTED.read_text())
+    assert json.loads(BUNDLED_BENCH.read_text()) == committed, (
         "the package's bundled bench differs from the committed one: "
         f"cp {COMMITTED.relative_to(REPO)} reports/data/{BUNDLED_BENCH.name}")
+    # the bundled run directory is that same bench, with its instrumented run's timeline
+    assert bundled_bench() == BUNDLED_BENCH_RUN
+    assert json.loads((BUNDLED_BENCH_RUN / "bench.json").read_text()) == committed
+    from kog.reports.runstore import open_run
+    run = open_run(BUNDLED_BENCH_RUN)
+    assert run.kind == "bench" and run.status == "complete" and run.has_table("timeline")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +58,7 @@ def bundled_html(tmp_path_factory):
 
 def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
     path, html = bundled_html
-    doc = json.loads(bundled_bench().read_text())
+    doc = json.loads(COMMITTED.read_text())
     secs = sections(html)
     assert tuple(secs) == ("overview", "throughput", "breakdown", "sync-share", "timeline")
     assert "NVIDIA H200" in html and "llama-3.2-1b" in html
@@ -74,9 +81,9 @@ def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
     o_wait = doc["systems"]["kog-targeted"]["breakdown_extra"]["phases"]["o"]["waiting"] * 1e6
     assert f"{o_wait:,.4g}" in bd
     assert bd.count("<img ") >= 2                    # per-phase bars and per-system bars
-    # no trace in a bench JSON: the timeline says so instead of failing
-    assert "Missing:" in secs["timeline"] and "bench JSON" in secs["timeline"]
-    assert "Missing:" not in "".join(v for k, v in secs.items() if k != "timeline")
+    # the bundled run carries the instrumented run: the per-SM timeline is drawn, nothing is missing
+    assert "Missing:" not in html
+    assert "<img" in secs["timeline"]
     assert path.stat().st_size < 5 * 1024 * 1024
     assert not list(BUNDLED_BENCH.parent.glob("*.html"))      # nothing written into package data
 
