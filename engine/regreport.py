@@ -1,0 +1,467 @@
+"""Register report of the monokernel, compiled for sm_90 on a machine WITHOUT a GPU.
+
+    python -m kog.engine.regreport --model llama-3.2-1b [--set ctas_per_sm=4] [--maxnreg N] [--json] [--sass]
+
+The monokernel's speed on the H200 is decided by register pressure (255 registers/thread -> 2 CTAs/SM;
+a 128-register cap for 4 CTAs/SM spills). GPU time is scarce, so this compiles the kernel exactly as the
+launcher would (same constexprs, same argument types and Triton specializations, same options) with
+Triton's own compiler for GPUTarget("cuda", 90, 32), and reads the resources off the ptxas it ships:
+
+  registers/thread, spill stores/loads and stack frame (ptxas -v), Triton's shared memory, the CTAs per SM
+  that allows for the config's num_warps (H100/H200 limits), compile seconds; with --sass the counts of
+  128-bit vs narrower global loads and of local-memory (LDL/STL) instructions in the SASS.
+
+`triton_n_spills` is what Triton's CompiledKernel.n_spills (and the bench JSON's "spills") reports on a
+GPU: the driver's local memory bytes per thread / 4, i.e. the stack frame / 4.
+
+Nothing here launches anything; the compile needs TRITON_INTERPRET unset (the CLI re-runs itself in a
+subprocess without it when it is set, as tests/conftest.py does).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from kog.engine.config import ConfigError, ModelConfig
+from kog.engine.engine_config import EngineConfig
+from kog.probe.errors import KogError, UsageError, cli_entry
+
+PROG = "python -m kog.engine.regreport"
+
+# Hopper (sm_90) per-SM limits, CUDA occupancy rules
+REGS_PER_SM = 65536
+REG_ALLOC_UNIT = 256            # registers are allocated per warp in units of 256
+MAX_REGS_PER_THREAD = 255
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_CTA = 1024    # the driver reserves 1 KiB of shared memory per CTA
+THREADS_PER_SM = 2048
+MAX_CTAS_PER_SM = 32
+H200_SMS = 132
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# ---- the launcher's signature, without weights ----------------------------------------------------------
+
+def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, vendor: int = 1,
+                prompt_len: int = 64, tokens: int = 512, max_seq: int | None = None, n_eos: int = 0,
+                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                trace: bool = False, trace_tokens: int = 8, write_logits: bool = False,
+                forced: bool = False) -> tuple[tuple, dict[str, Any]]:
+    """(args, meta) exactly as Monokernel._launch builds them for one launch, with every tensor replaced by
+    a triton MockTensor of the same dtype (the launcher's tensors are fresh allocations: 16-byte aligned).
+
+    The defaults are the `kogtune bench` decode launch of KogSystem: 64-token prompt, 512 greedy tokens,
+    max_seq = prompt + tokens + 1, EOS ignored (n_eos 0), not traced, no logits written. Integer values
+    matter: Triton specializes an int equal to 1 into a constexpr and marks multiples of 16.
+    Keep in step with Monokernel._launch (tests/test_regreport.py compares the two on the tiny preset).
+    """
+    import torch
+    from triton.runtime.jit import MockTensor
+
+    from kog.engine.monokernel import Monokernel
+    from kog.engine.plan import make_plan
+    from kog.engine.sampling import sample_mode
+
+    e = ecfg
+    if vendor == 0:                           # what the launcher does under TRITON_INTERPRET
+        sms, e = 1, e.replace(ctas_per_sm=1)
+    dt = getattr(torch, cfg.dtype if cfg.dtype in ("bfloat16", "float16") else "bfloat16")
+    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    T = MockTensor
+    if max_seq is None:
+        max_seq = max(prompt_len + tokens + 1, 64)      # KogSystem._engine
+    span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
+    attn_splits = -(-span // e.attn_block)
+    if attn_splits > 64:
+        raise ConfigError(f"max_seq {max_seq} needs {attn_splits} attention splits of {e.attn_block} "
+                          f"positions (at most 64): raise attn_block")
+    p = make_plan(cfg, e, sms, None, attn_splits)
+    gpow = _next_pow2(p.grid)
+    g = cfg.num_heads // cfg.num_kv_heads
+    gp = max(16, _next_pow2(g))
+    # Monokernel._pack: the small fp32 buffer's layout decides fnorm_off
+    so = 64
+    for _ in range(cfg.num_layers):
+        sizes = ([cfg.qkv_size] if cfg.attention_bias else []) + \
+                ([cfg.head_dim, cfg.head_dim] if cfg.qk_norm else []) + [cfg.hidden_size, cfg.hidden_size]
+        for n in sizes:
+            so += n
+            so += (-so) % 16
+    fnorm_off = so
+    tasks_per_cta = max(int(x) for x in (p.cta_start[1:] - p.cta_start[:-1]))
+    trace_cap = tasks_per_cta * max(trace_tokens, 1)
+    pos0, n = prompt_len - 1, tokens
+    window = getattr(cfg, "sliding_window", None) or 0
+    args = (T(dt), T(i64), T(f32), T(i64), T(dt), T(f32), T(f32), T(dt),
+            T(f32), T(i32), T(f32), 1 if write_logits else 0, T(f32), attn_splits, T(f32), T(i32), T(i32), T(i32),
+            T(i32), n_eos,
+            T(i32), T(i32), T(i32), T(i32), T(i32), T(i32), p.n_counters,
+            T(i32), 1 if e.mapping == "topology" else 0,
+            T(i32), T(i32), T(i64), trace_tokens if trace else 0, trace_cap,
+            pos0, n, max_seq, int(window), int(fnorm_off), 1 if forced else 0, int(seed),
+            1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
+            1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
+    mode = sample_mode(temperature, top_k, top_p)
+    nlp = Monokernel._nlp(SimpleNamespace(cfg=cfg, ecfg=e))
+    meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
+                HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=gp, GH=_next_pow2(g),
+                SP=_next_pow2(attn_splits),
+                HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
+                BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
+                BK=e.block_k, BT=e.attn_block, GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
+                PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
+                VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=nlp,
+                num_warps=e.num_warps)
+    if vendor == 1:
+        meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
+    if vendor != 0:
+        meta["launch_cooperative_grid"] = True
+    return args, meta
+
+
+# ---- compiling for sm_90 without a GPU ----------------------------------------------------------------------
+
+def _triton_bin(name: str) -> Path | None:
+    """A tool shipped in the triton wheel (ptxas, cuobjdump, nvdisasm), or on PATH."""
+    import triton
+    p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if p.is_file() and os.access(p, os.X_OK):
+        return p
+    w = shutil.which(name)
+    return Path(w) if w else None
+
+
+def ptxas_path() -> Path:
+    p = _triton_bin("ptxas")
+    if p is None:
+        raise UsageError("no ptxas: neither triton/backends/nvidia/bin/ptxas nor one on PATH")
+    return p
+
+
+def load_kernel(path: str | None = None):
+    """kernel.monokernel, or the `monokernel` of another file (an edited copy of engine/kernel.py: iterate on
+    register pressure without touching the real one)."""
+    if path is None:
+        from kog.engine.kernel import monokernel
+        return monokernel
+    import importlib.util
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--kernel {path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"kog_regreport_kernel_{abs(hash(str(p.resolve())))}", p)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # triton.jit looks its globals up through the module
+    spec.loader.exec_module(mod)
+    fn = getattr(mod, "monokernel", None)
+    if fn is None:
+        raise UsageError(f"--kernel {path}: defines no `monokernel`")
+    return fn
+
+
+def compile_monokernel(args: tuple, meta: dict[str, Any], arch: int = 90, fn=None):
+    """Compile kernel.monokernel for (args, meta) the way JITFunction.run would on an sm_`arch` GPU:
+    the same binder (Triton's specializations of each argument), options and ASTSource, but with an
+    explicit GPUTarget instead of asking the (absent) driver. Returns (CompiledKernel, ptxas log, seconds)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise UsageError("compiling needs TRITON_INTERPRET unset (the interpreter replaces triton.jit)")
+    import io
+    from contextlib import redirect_stdout
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = fn if fn is not None else load_kernel()
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = dict(meta)
+    kwargs["debug"] = False
+    kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode   # as JITFunction.run
+    bound_args, specialization, _ = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, kwargs)
+    src = ASTSource(fn, signature, constexprs, attrs)
+    # Triton runs `ptxas -v` itself and prints its log only when asked; a private cache directory makes
+    # sure it really compiles (so the seconds are honest and the log exists).
+    buf = io.StringIO()
+    old = {k: os.environ.get(k) for k in ("TRITON_DUMP_PTXAS_LOG", "TRITON_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="kog-regreport-") as cache:
+        os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
+        os.environ["TRITON_CACHE_DIR"] = cache
+        try:
+            t0 = time.perf_counter()
+            with redirect_stdout(buf):
+                k = triton.compile(src, target=target, options=options.__dict__)
+            secs = time.perf_counter() - t0
+        finally:
+            for key, v in old.items():
+                if v is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = v
+    return k, buf.getvalue(), secs
+
+
+_FUNC_RE = re.compile(r"Function properties for (\S+)")
+_FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED_RE = re.compile(r"Used (\d+) registers")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_log(log: str, name: str | None = None) -> dict[str, int]:
+    """Registers, stack frame and spill bytes of the entry function from `ptxas -v` output."""
+    out: dict[str, int] = {}
+    cur = None
+    for line in log.splitlines():
+        m = _FUNC_RE.search(line)
+        if m:
+            cur = m.group(1)
+            continue
+        if name is not None and cur is not None and cur != name:
+            continue
+        m = _FRAME_RE.search(line)
+        if m:
+            out.update(stack_frame_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)),
+                       spill_load_bytes=int(m.group(3)))
+        m = _USED_RE.search(line)
+        if m:
+            out["registers"] = int(m.group(1))
+            s = _SMEM_RE.search(line)
+            out["ptxas_smem_bytes"] = int(s.group(1)) if s else 0
+    if "registers" not in out:
+        raise KogError("could not read the register count from the ptxas -v output:\n" + log[-2000:])
+    return out
+
+
+def run_ptxas(ptx: str, arch: str = "sm_90a", extra: list[str] | None = None) -> str:
+    """`ptxas -v` on a PTX text (same flags as Triton's make_cubin); returns the log."""
+    with tempfile.TemporaryDirectory(prefix="kog-ptxas-") as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        cmd = [str(ptxas_path()), "-lineinfo", "-v", *(extra or []), f"--gpu-name={arch}", str(src),
+               "-o", str(Path(d) / "k.cubin")]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise KogError(f"ptxas failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+        return r.stdout + r.stderr
+
+
+def occupancy(regs: int, smem_bytes: int, num_warps: int) -> dict[str, Any]:
+    """CTAs of this kernel that fit on one Hopper SM, and which resource limits it."""
+    threads = 32 * num_warps
+    per_warp = -(-max(regs, 1) * 32 // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+    by = {"registers": REGS_PER_SM // (per_warp * num_warps),
+          "threads": THREADS_PER_SM // threads,
+          "smem": SMEM_PER_SM // (smem_bytes + SMEM_RESERVED_PER_CTA),
+          "cta_limit": MAX_CTAS_PER_SM}
+    fit = min(by.values())
+    return {"ctas_per_sm_fit": fit, "limited_by": min(by, key=by.get), "fit_by": by,
+            "regs_for_ctas": {c: min(MAX_REGS_PER_THREAD, (REGS_PER_SM // (c * threads)) // 8 * 8)
+                              for c in (1, 2, 3, 4) if REGS_PER_SM // (c * threads) >= 24}}
+
+
+# ---- SASS ----------------------------------------------------------------------------------------------------
+
+_OP_RE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.MULTILINE)
+
+
+def sass_text(cubin: bytes) -> str:
+    """Disassembly of a cubin with the cuobjdump (or nvdisasm) shipped in the triton wheel."""
+    with tempfile.TemporaryDirectory(prefix="kog-sass-") as d:
+        f = Path(d) / "k.cubin"
+        f.write_bytes(cubin)
+        for tool, cmd in (("cuobjdump", ["-sass"]), ("nvdisasm", ["-c"])):
+            exe = _triton_bin(tool)
+            if exe is None:
+                continue
+            r = subprocess.run([str(exe), *cmd, str(f)], capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.strip():
+                return r.stdout
+        raise UsageError("no working cuobjdump or nvdisasm (looked in triton/backends/nvidia/bin and PATH)")
+
+
+def sass_counts(sass: str) -> dict[str, Any]:
+    """Instruction counts that matter for a weight stream: global loads by width, local memory traffic."""
+    ops: dict[str, int] = {}
+    for m in _OP_RE.finditer(sass):
+        ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    ldg = {k: v for k, v in ops.items() if k.startswith("LDG")}
+    wide = sum(v for k, v in ldg.items() if ".128" in k)
+    return {
+        "instructions": sum(ops.values()),
+        "ldg_128": wide,
+        "ldg_narrower": sum(ldg.values()) - wide,
+        "ldg_by_variant": dict(sorted(ldg.items())),
+        "ldl": sum(v for k, v in ops.items() if k.startswith("LDL")),
+        "stl": sum(v for k, v in ops.items() if k.startswith("STL")),
+        "stg": sum(v for k, v in ops.items() if k.startswith("STG")),
+        "atomics": sum(v for k, v in ops.items() if k.startswith(("ATOMG", "RED", "ATOM"))),
+    }
+
+
+# ---- the report ------------------------------------------------------------------------------------------------
+
+def load_model(spec: str) -> ModelConfig:
+    """A preset name or an HF checkpoint directory (only its config is read)."""
+    from kog.engine.config import preset
+    if os.path.isdir(spec):
+        from kog.engine.weights import read_config
+        return read_config(spec)
+    return preset(spec)
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """--set key=value pairs for EngineConfig, each value parsed as the field's type."""
+    types = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+    out: dict[str, Any] = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        k = k.strip().replace("-", "_")
+        if not sep or not k:
+            raise UsageError(f"--set {it!r}: expected key=value")
+        if k not in types:
+            raise UsageError(f"--set {k}: not an engine config field ({', '.join(types)})")
+        t = str(types[k])
+        try:
+            out[k] = int(v.replace("_", "")) if t in ("int", "<class 'int'>") else v
+        except ValueError:
+            raise UsageError(f"--set {k}={v}: not an integer") from None
+    return out
+
+
+def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = None, sms: int = H200_SMS,
+              sass: bool = False, keep_dir: str | None = None, kernel: str | None = None,
+              **spec_kw: Any) -> dict[str, Any]:
+    """Compile the monokernel for (cfg, ecfg) on sm_90 and report its resources (a JSON-able dict)."""
+    ecfg.validate(cfg)
+    args, meta = launch_spec(cfg, ecfg, sms=sms, **spec_kw)
+    if maxnreg is not None:
+        if maxnreg <= 0:
+            meta.pop("maxnreg", None)        # --maxnreg 0: no cap at all (ptxas decides, up to 255)
+        else:
+            meta["maxnreg"] = int(maxnreg)
+    k, log, secs = compile_monokernel(args, meta, fn=load_kernel(kernel))
+    ptx = k.asm["ptx"]
+    if not log.strip():                      # Triton did not print its ptxas log: run ptxas ourselves
+        log = run_ptxas(ptx)
+    stats = parse_ptxas_log(log, k.metadata.name)
+    shared = int(k.metadata.shared or 0)
+    occ = occupancy(stats["registers"], shared, ecfg.num_warps)
+    rep: dict[str, Any] = {
+        "model": cfg.name, "target": "cuda sm_90 (GPUTarget('cuda', 90, 32))",
+        "engine_config": ecfg.to_dict(), "maxnreg": meta.get("maxnreg"), "num_warps": ecfg.num_warps,
+        "grid": sms * ecfg.ctas_per_sm, "sms": sms,
+        **stats,
+        "triton_n_spills": stats["stack_frame_bytes"] // 4,
+        "shared_bytes": shared,
+        **occ,
+        "ctas_per_sm_requested": ecfg.ctas_per_sm,
+        "fits": ecfg.ctas_per_sm <= occ["ctas_per_sm_fit"],
+        "compile_seconds": round(secs, 2),
+        "ptx_lines": ptx.count("\n"),
+        "constexprs": {k_: v for k_, v in meta.items() if k_ not in ("num_warps", "maxnreg",
+                                                                   "launch_cooperative_grid")},
+        "kernel": str(Path(kernel).resolve()) if kernel else "kog.engine.kernel",
+        "ptxas": str(ptxas_path()),
+        "triton": __import__("triton").__version__,
+    }
+    if sass:
+        text = sass_text(k.asm["cubin"])
+        rep["sass"] = sass_counts(text)
+        if keep_dir:
+            Path(keep_dir, "monokernel.sass").write_text(text)
+    if keep_dir:
+        d = Path(keep_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "llir", "ptx"):
+            if ext in k.asm:
+                (d / f"monokernel.{ext}").write_text(k.asm[ext])
+        (d / "monokernel.cubin").write_bytes(k.asm["cubin"])
+        (d / "ptxas.log").write_text(log)
+    return rep
+
+
+def format_report(r: dict[str, Any]) -> str:
+    lines = [
+        f"monokernel {r['model']} on {r['target']}, triton {r['triton']}",
+        f"  config: mode={r['engine_config']['mode']} ctas_per_sm={r['ctas_per_sm_requested']} "
+        f"num_warps={r['num_warps']} maxnreg={r['maxnreg']} grid={r['grid']}",
+        f"  registers/thread   {r['registers']}",
+        f"  spill stores/loads {r['spill_store_bytes']} / {r['spill_load_bytes']} bytes",
+        f"  stack frame        {r['stack_frame_bytes']} bytes (local memory; Triton n_spills {r['triton_n_spills']})",
+        f"  shared memory      {r['shared_bytes']} bytes",
+        f"  CTAs/SM that fit   {r['ctas_per_sm_fit']} (limited by {r['limited_by']}; "
+        f"requested {r['ctas_per_sm_requested']}: {'fits' if r['fits'] else 'DOES NOT FIT'})",
+        f"  compile            {r['compile_seconds']} s, {r['ptx_lines']} PTX lines",
+    ]
+    if "sass" in r:
+        s = r["sass"]
+        lines.append(f"  SASS               {s['instructions']} instructions; LDG.128 {s['ldg_128']}, narrower LDG "
+                     f"{s['ldg_narrower']} {s['ldg_by_variant']}; LDL {s['ldl']}, STL {s['stl']}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3.2-1b", help="preset name or HF checkpoint directory")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="EngineConfig field (repeatable), e.g. --set ctas_per_sm=4 --set mode=grid")
+    ap.add_argument("--maxnreg", type=int, default=None,
+                    help="override the launcher's register cap (default: 65536 / (ctas_per_sm*threads); 0 = none)")
+    ap.add_argument("--sms", type=int, default=H200_SMS, help="SMs of the target GPU (grid = sms * ctas_per_sm)")
+    ap.add_argument("--kernel", metavar="FILE", default=None,
+                    help="compile the `monokernel` of this file (an edited copy of engine/kernel.py) instead")
+    ap.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of the launch (pos0 = this - 1)")
+    ap.add_argument("--tokens", type=int, default=512, help="tokens the launch decodes (n_tokens)")
+    ap.add_argument("--max-seq", type=int, default=None,
+                    help="KV cache length (default: prompt + tokens + 1, at least 64, as `kogtune bench`)")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--trace", action="store_true", help="the instrumented (TRACE) variant")
+    ap.add_argument("--sass", action="store_true", help="disassemble and count LDG widths and LDL/STL")
+    ap.add_argument("--keep", metavar="DIR", default=None, help="write ttgir/llir/ptx/cubin/ptxas.log (and SASS) here")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    return ap
+
+
+@cli_entry(PROG)
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # triton.jit already chose the interpreter in this process: compile in a clean one
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        argv = sys.argv[1:] if argv is None else list(argv)
+        return subprocess.run([sys.executable, "-m", "kog.engine.regreport", *argv], env=env).returncode
+    cfg = load_model(a.model)
+    try:
+        ecfg = EngineConfig().replace(**parse_sets(a.set))
+    except TypeError as e:
+        raise UsageError(f"--set: {e}") from None
+    if a.prompt_len < 1 or a.tokens < 1:
+        raise UsageError("--prompt-len and --tokens must be >= 1")
+    r = regreport(cfg, ecfg, maxnreg=a.maxnreg, sms=a.sms, sass=a.sass, keep_dir=a.keep, kernel=a.kernel,
+                  max_seq=a.max_seq, prompt_len=a.prompt_len, tokens=a.tokens, temperature=a.temperature, top_k=a.top_k,
+                  top_p=a.top_p, trace=a.trace)
+    print(json.dumps(r, indent=1) if a.json else format_report(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
