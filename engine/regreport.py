@@ -307,6 +307,9 @@ def sass_counts(sass: str) -> dict[str, Any]:
         "instructions": sum(ops.values()),
         "ldg_128": wide,
         "ldg_narrower": sum(ldg.values()) - wide,
+        # narrower plain (weak) loads: the ones a weight/activation stream could widen; .STRONG are the
+        # volatile polls and .cg loads of the sync protocol
+        "ldg_narrower_weak": sum(v for k, v in ldg.items() if ".128" not in k and "STRONG" not in k),
         "ldg_by_variant": dict(sorted(ldg.items())),
         "ldl": sum(v for k, v in ops.items() if k.startswith("LDL")),
         "stl": sum(v for k, v in ops.items() if k.startswith("STL")),
@@ -381,19 +384,21 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
         "ptxas": str(ptxas_path()),
         "triton": __import__("triton").__version__,
     }
+    if keep_dir:
+        d = Path(keep_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttir", "ttgir", "llir", "ptx"):
+            if ext in k.asm:
+                (d / f"monokernel.{ext}").write_text(k.asm[ext])
+        (d / "monokernel.cubin").write_bytes(k.asm["cubin"])
+        (d / "ptxas.log").write_text(log)
+        (d / "report.json").write_text(json.dumps(rep, indent=1))
     if sass:
         text = sass_text(k.asm["cubin"])
         rep["sass"] = sass_counts(text)
         if keep_dir:
             Path(keep_dir, "monokernel.sass").write_text(text)
-    if keep_dir:
-        d = Path(keep_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        for ext in ("ttgir", "llir", "ptx"):
-            if ext in k.asm:
-                (d / f"monokernel.{ext}").write_text(k.asm[ext])
-        (d / "monokernel.cubin").write_bytes(k.asm["cubin"])
-        (d / "ptxas.log").write_text(log)
+            Path(keep_dir, "report.json").write_text(json.dumps(rep, indent=1))
     return rep
 
 
@@ -413,7 +418,7 @@ def format_report(r: dict[str, Any]) -> str:
     if "sass" in r:
         s = r["sass"]
         lines.append(f"  SASS               {s['instructions']} instructions; LDG.128 {s['ldg_128']}, narrower LDG "
-                     f"{s['ldg_narrower']} {s['ldg_by_variant']}; LDL {s['ldl']}, STL {s['stl']}")
+                     f"{s['ldg_narrower']} (weak {s['ldg_narrower_weak']}) {s['ldg_by_variant']}; LDL {s['ldl']}, STL {s['stl']}")
     return "\n".join(lines)
 
 
@@ -444,18 +449,21 @@ def _parser() -> argparse.ArgumentParser:
 @cli_entry(PROG)
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        # triton.jit already chose the interpreter in this process: compile in a clean one
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        argv = sys.argv[1:] if argv is None else list(argv)
-        return subprocess.run([sys.executable, "-m", "kog.engine.regreport", *argv], env=env).returncode
     cfg = load_model(a.model)
     try:
         ecfg = EngineConfig().replace(**parse_sets(a.set))
     except TypeError as e:
         raise UsageError(f"--set: {e}") from None
+    ecfg.validate(cfg)
     if a.prompt_len < 1 or a.tokens < 1:
         raise UsageError("--prompt-len and --tokens must be >= 1")
+    if a.kernel is not None and not os.path.isfile(a.kernel):
+        raise UsageError(f"--kernel {a.kernel}: no such file")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # triton.jit already chose the interpreter in this process: compile in a clean one
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        argv = sys.argv[1:] if argv is None else list(argv)
+        return subprocess.run([sys.executable, "-m", "kog.engine.regreport", *argv], env=env).returncode
     r = regreport(cfg, ecfg, maxnreg=a.maxnreg, sms=a.sms, sass=a.sass, keep_dir=a.keep, kernel=a.kernel,
                   max_seq=a.max_seq, prompt_len=a.prompt_len, tokens=a.tokens, temperature=a.temperature, top_k=a.top_k,
                   top_p=a.top_p, trace=a.trace)
