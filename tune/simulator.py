@@ -1,23 +1,40 @@
-"""Cost model of one monokernel decode step, from a probe scan (`kogtune search --backend sim`).
+"""Cost models of one monokernel decode step (`kogtune search --backend sim`), from a probe scan.
 
 Deterministic: the same (ModelConfig, EngineConfig, scan) gives the same prediction. It is used in CI
 (no GPU), to pre-screen configs, and to make a simulated sweep that the sampler replay is developed on.
 
-Streaming model of one GEMV phase (N rows, K cols) with tiles of BN rows x BK columns:
-  * a CTA loops over its tiles, and per tile over ceil(K/BK) steps; one step loads B = BN*BK*2 bytes and
-    costs  t_step = LAT + B / CTA_GBPS + ELEM_NS * (BN*BK / threads)  (a dependent load, issue, reduce);
-    with prefetch the next chunk is in flight during the current one (up to 2 chunks per CTA).
-  * Little's law: an SM with c co-resident CTAs pulls c*B*(1+prefetch)/t_step; the chip is capped by the
-    scan's bandwidth for the active SMs, derated for many short row segments (DRAM pages:
-    1 / (1 + SEG * streams / segment_bytes)). Tiny tiles under-fill the pipeline; big ones lose co-residency.
-  * grid sync: a phase lasts as long as its busiest CTA (rounds of ceil(tiles/G)), then a barrier
-    (scan barrier_us(G)) plus REFILL (the pipeline drains and refills at every barrier).
-  * targeted sync / no sync: phases overlap (an idle CTA moves on), so only the exposed part of each
-    dependency is paid: flag latency (partly hidden by prefetch), the producer rows the consumer's first
-    chunk needs (wait granularity x mapping), and a poll per counter read.
-The free parameters (LAT, CTA_GBPS, ELEM_NS, SEG, REFILL) are fitted to the H200 anchor measurements of a
-persistent streaming kernel (stream_ceiling_h200_2026-11-29.json, Llama-3.2-1B, 26 rows); the fit and its
-error: `fit_params()`, `calibration_error()`. Against real trials: `trial_error(rows)`.
+Two models live here:
+
+1. The ANCHOR model (phase_cost, predict_stream, SimParams/FITTED): a plain persistent GEMV stream with
+   an optional grid barrier per phase, fitted to /work/shared/anchors/stream_ceiling_h200_2026-11-29.json
+   (26 rows; `calibration_error()`: median 5.2 %, max 22 %). Kept as the stream-ceiling reference.
+
+2. The ENGINE model (predict_engine, EngineParams/ENGINE_FITTED; `predict()` uses it): the real monokernel
+   (engine/kernel.py, plan.py), fitted to every config measured on the lent H200 (39 rows of
+   tune/data/h200-engine-measurements.parquet, extracted from bench/h200/*.json by
+   extract_engine_measurements(); each row has its full EngineConfig reconstructed from the defaults of the
+   commit it ran and the engine commit in a column). What it models:
+     * register-limited co-residency: the engine caps registers at 64K / (ctas_per_sm * threads) (255 max);
+       what the kernel needs beyond the cap spills, and spills cost time per weight chunk (measured: 128
+       regs -> 64..434 spills, 20-45 % slower than the 255-reg 2-CTA/SM configs);
+     * per-task overhead (task_us; ENGINE_NOTES measured ~0.7 us in other+streaming), prefetch issue cost;
+     * streaming per phase: latency-bound (chunks x loaded latency, CTA issue rate) blended with the scan's
+       bandwidth (bw_frac of it);
+     * targeted mode: per phase boundary the flag latency, the producer's last-round tail, counter polls;
+       grid mode: per boundary the scan's barrier + refill + the same tail;
+     * the attention chain per layer (qkv -> attention -> merge -> o), split or per-KV-head attention.
+   FITTED (Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of tok/s + 0.3 x the breakdown
+   parts where the row has a trustworthy breakdown): the 10 EngineParams fields.
+   ASSUMED (not fitted): MIN_REGS, SOFTMAX_Q, MAX_SEQ, BD_WEIGHT; REG_BASE and SPILLS_PER_REG were set by
+   hand against the measured spills; mapping (round-robin / contiguous / topology) is NOT modelled (the
+   measured difference was <= 5 %); the engine versions differ in code (prefetch and attention changes)
+   and the model only knows the attention split and the recorded spills of each row.
+   Error (`python -m kog.tune.simulator --calibration [--loo]`, engine_calibration_error()): in-sample
+   median 2.8 %, max 22 % (with the compiler's spill counts; 4.4 % / 29 % with estimated spills);
+   leave-one-out median 3.7 %, max 30 %. The worst rows are the spilling 3-4 CTA/SM configs of the oldest
+   version. Only two models (llama-3.2-1b, sheared-llama-2.7b: 4 rows) and one GPU: other shapes and GPUs
+   are extrapolation.
+Against real trials of a study: `trial_error(rows)`.
 """
 from __future__ import annotations
 
@@ -31,7 +48,7 @@ import numpy as np
 
 from kog.engine.config import DTYPE_BYTES, ModelConfig
 from kog.engine.engine_config import EngineConfig
-from kog.tune.scan_model import ScanModel, load_scan, synthetic_h200
+from kog.tune.scan_model import ScanModel, load_scan, scan_from_dir, synthetic_h200
 
 ANCHOR_FILE = "stream_ceiling_h200_2026-11-29.json"
 REGS_PER_SM, MAX_THREADS_PER_SM, MAX_CTAS_PER_SM_HW = 65536, 2048, 32
@@ -67,21 +84,10 @@ class Prediction:
 
 
 # ---- residency -------------------------------------------------------------------------------
-def regs_per_thread(bn: int, block_k: int, num_warps: int) -> int:
-    """Register estimate of one streaming CTA, rounded to the allocation granule of 8. A heuristic fitted to
-    the anchors' co-residency: 8 warps could not run 2 CTAs/SM, 4 warps ran 4 CTAs/SM (BN*BK 8192); the
-    warp count (cross-warp reduction) weighs more than the tile. The GPU backend asks the compiled kernel."""
-    elems = bn * block_k / (32 * num_warps)
-    r = 72 + 0.1 * elems + 8 * num_warps
-    return int(math.ceil(r / 8) * 8)
-
-
 def max_ctas_per_sm(cfg: EngineConfig, model: ModelConfig | None = None) -> int:
-    """Co-resident CTAs per SM the simulator assumes for `cfg` (registers and threads)."""
-    bns = [cfg.bn_qkv, cfg.bn_o, 2 * cfg.bn_gate_up, cfg.bn_down, cfg.bn_lm]
-    regs = max(regs_per_thread(b, cfg.block_k, cfg.num_warps) for b in bns)
-    threads = 32 * cfg.num_warps
-    return max(0, min(REGS_PER_SM // (regs * threads), MAX_THREADS_PER_SM // threads, MAX_CTAS_PER_SM_HW))
+    """Co-resident CTAs per SM the simulator allows for `cfg` (the engine caps registers to fit them:
+    see engine_max_ctas_per_sm; the cost of the cap is the spills predict_engine charges)."""
+    return engine_max_ctas_per_sm(cfg)
 
 
 # ---- one phase --------------------------------------------------------------------------------
@@ -229,90 +235,423 @@ def _nelder_mead(f, x0: np.ndarray, iters: int, step: float = 0.4) -> np.ndarray
     return simplex[int(np.argmin(vals))]
 
 
-# ---- the engine --------------------------------------------------------------------------------
-def predict(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None,
-            params: SimParams | None = None, context: int = 320) -> Prediction:
-    """Predicted tok/s and time breakdown of one decode step of `model` under `cfg`.
+# ---- measured engine rows (bench/h200 JSON -> tune/data/h200-engine-measurements.parquet) ----------
+ENGINE_TABLE = Path(__file__).resolve().parent / "data" / "h200-engine-measurements.parquet"
 
-    `context`: KV positions attended (prompt + half the generated tokens of a typical bench run)."""
-    scan = scan or load_scan()
-    p = params or FITTED
+# Each measurement file: which engine code ran, which EngineConfig defaults the sweep keys are relative to,
+# and whether the breakdown's "other" is trustworthy. Reconstructed from git history (engine_config.py) and
+# bench/h200/ENGINE_NOTES.md; the commit is the checkout the device ran (its tree, not a clean HEAD).
+_OLD_DEFAULTS = dict(mode="targeted", ctas_per_sm=4, num_warps=4, block_k=2048, bn_qkv=4, bn_o=4, bn_gate_up=4,
+                     bn_down=4, bn_lm=8, sync_rows=0, prefetch=2, mapping="round-robin", attn_block=64)
+_SPLIT_DEFAULTS = dict(_OLD_DEFAULTS, ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_down=8, bn_lm=8, sync_rows=8192,
+                       prefetch=0)
+_NEW_DEFAULTS = dict(_SPLIT_DEFAULTS, bn_gate_up=8)
+_SOURCES = [
+    # (file, git revision of the file (None = working tree), engine commit, version note, defaults,
+    #  attention split, new tokens per run, breakdown 'other' valid)
+    ("bench/h200/engine_check_2026-11-29.json", None, "368bff3",
+     "L2 prefetch of upcoming tiles, register cap (maxnreg), per-KV-head attention", _OLD_DEFAULTS, False, 256, False),
+    ("bench/h200/engine_sweep_2026-11-29.json", None, "fe28f46",
+     "attention history block loaded before the wait, per-KV-head attention", _OLD_DEFAULTS, False, 256, False),
+    ("bench/h200/llama-3.2-1b.json", "7727f49", "4c955f7",
+     "defaults from the sweep (2 CTAs/SM, 8-row tiles), per-KV-head attention", _NEW_DEFAULTS, False, 512, True),
+    ("bench/h200/sheared-llama-2.7b.json", None, "4c955f7",
+     "defaults from the sweep (2 CTAs/SM, 8-row tiles), per-KV-head attention", _NEW_DEFAULTS, False, 512, True),
+    ("bench/h200/engine_check_attnsplit_2026-11-29.json", None, "541e351",
+     "attention split over cache positions (last arriver merges), HF rounding points", _SPLIT_DEFAULTS, True, 256,
+     True),
+    ("bench/h200/llama-3.2-1b.json", None, "1abbc77",
+     "attention split, bn_gate_up 8 (current defaults)", _NEW_DEFAULTS, True, 512, True),
+]
+_CFG_FIELDS = tuple(_OLD_DEFAULTS)
+_PHASES_BD = ("qkv", "attn", "o", "gate_up", "down", "lm")
+
+
+def _parse_key(key: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in filter(None, key.split(",")):
+        k, v = part.split("=", 1)
+        out[k] = v if k in ("mode", "mapping") else int(v)
+    return out
+
+
+def _bd_columns(bd: dict[str, Any] | None, other_valid: bool, traced_spt: float | None) -> dict[str, Any]:
+    nan = float("nan")
+    cols: dict[str, Any] = {f"bd_{k}": nan for k in ("streaming", "waiting", "barrier", "other")}
+    cols.update({f"wait_{p}": nan for p in _PHASES_BD})
+    cols["bd_traced_s"] = nan
+    if not bd:
+        return cols
+    for k in ("streaming", "waiting", "barrier", "other"):
+        cols[f"bd_{k}"] = float(bd.get(k, nan))
+    if not other_valid:      # instrumentation bug of that version: 'other' held the wall time of the trace
+        cols["bd_other"] = nan
+    phases = bd.get("phases") or {}
+    for p in _PHASES_BD:
+        if p in phases:
+            cols[f"wait_{p}"] = float(phases[p].get("waiting", nan))
+    cols["bd_traced_s"] = float(traced_spt) if (traced_spt and other_valid) else nan
+    return cols
+
+
+def _read_source(root: Path, rel: str, rev: str | None) -> dict[str, Any] | None:
+    if rev is None:
+        p = root / rel
+        return json.loads(p.read_text()) if p.exists() else None
+    import subprocess
+    try:
+        txt = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{rel}"], capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return json.loads(txt)
+
+
+def extract_engine_measurements(root: str | Path | None = None):
+    """Every measured engine config of bench/h200 as one tidy DataFrame (full EngineConfig per row).
+
+    tok_s is max(runs): the first run of a pair was a cold launch (compile + first touch) in the sweeps."""
+    import pandas as pd
+    root = Path(root) if root else Path(__file__).resolve().parents[1]
+    rows: list[dict[str, Any]] = []
+    for rel, rev, commit, note, defaults, split, new_tokens, other_ok in _SOURCES:
+        d = _read_source(root, rel, rev)
+        if d is None:
+            continue
+        src = rel + (f"@{rev}" if rev else "")
+        base = dict(source=src, engine_commit=commit, engine_version=note, attn_split=split)
+        if "systems" in d:       # kogtune bench: kog-targeted / kog-grid with the defaults of that commit
+            for name, s in d["systems"].items():
+                if not name.startswith("kog-"):
+                    continue
+                cfg = dict(defaults, mode=name.split("-", 1)[1])
+                extra = s.get("breakdown_extra") or {}
+                bd = dict(s.get("breakdown") or {}, phases=extra.get("phases"))
+                rows.append(dict(base, label=name, model=d["model"], **cfg, new_tokens=int(s["new_tokens"]),
+                                 tok_s=float(max(s["runs_tok_per_s"])), tok_s_recorded=float(s["tok_per_s"]),
+                                 runs=json.dumps(s["runs_tok_per_s"]), regs=float("nan"), spills=float("nan"),
+                                 **_bd_columns(bd, other_ok, extra.get("seconds_per_token_traced"))))
+            continue
+        for section in ("llama1b_perf", "sweep"):
+            for key, v in (d.get(section) or {}).items():
+                if "tok_s" not in v:
+                    continue
+                if "config" in v:
+                    over = dict(v["config"])
+                elif section == "llama1b_perf":
+                    over = {"mode": key}
+                else:
+                    over = _parse_key(key)
+                cfg = dict(defaults, **over)
+                bd = v.get("breakdown")
+                rows.append(dict(base, label=f"{section}:{key}", model="llama-3.2-1b", **cfg, new_tokens=new_tokens,
+                                 tok_s=float(max(v["runs"])), tok_s_recorded=float(v["tok_s"]),
+                                 runs=json.dumps(v["runs"]), regs=float(v.get("regs", "nan")),
+                                 spills=float(v.get("spills", "nan")),
+                                 **_bd_columns(bd, other_ok, (bd or {}).get("seconds_per_token"))))
+    df = pd.DataFrame(rows)
+    for f in ("ctas_per_sm", "num_warps", "block_k", "bn_qkv", "bn_o", "bn_gate_up", "bn_down", "bn_lm",
+              "sync_rows", "prefetch", "attn_block", "new_tokens"):
+        df[f] = df[f].astype("int64")
+    return df
+
+
+def load_engine_measurements():
+    """The committed table (tune/data/h200-engine-measurements.parquet)."""
+    import pandas as pd
+    return pd.read_parquet(ENGINE_TABLE)
+
+
+# ---- the real engine -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineParams:
+    """Free parameters of the engine model (fitted by fit_engine_params() to the measured rows)."""
+    lat_us: float = 2.0          # dependent weight-chunk load latency under load (one round trip per chunk)
+    warp_gbps: float = 8.0       # how fast one warp issues/drains a chunk (GB/s): cta rate = warps * this
+    bw_frac: float = 0.85        # share of the scan's streaming bandwidth the engine can reach
+    task_us: float = 0.7         # per task: decode, offsets, output store, counter release (measured ~0.7)
+    spill_us: float = 0.5        # per weight chunk and per 100 spilled registers (local-memory round trips)
+    pf_us: float = 0.7           # per task and per prefetch distance step (capped at 2): the prefetch's issue cost
+    chain_us: float = 9.0        # per layer: qkv -> attention -> (merge) -> o release/acquire chain, fixed part
+    refill_us: float = 2.0       # per grid barrier: pipeline drain + refill beyond the scan's barrier latency
+    poll_us: float = 0.05        # per counter a task checks (targeted mode)
+    token_us: float = 20.0       # per token: argmax hand-off, embedding row, token flag
+
+
+# Fitted by fit_engine_params() to tune/data/h200-engine-measurements.parquet; refit with
+# `python -m kog.tune.simulator --fit-engine`. Numbers and error: see engine_calibration_error().
+ENGINE_FITTED = EngineParams(lat_us=2.061, warp_gbps=10.89, bw_frac=1.0, task_us=0.4309, spill_us=2.25,
+                             pf_us=0.5821, chain_us=6.82, refill_us=0.04189, poll_us=0.2117, token_us=40.4)
+# engine_calibration_error() with these, 39 rows (bundled H200 scan, measured spills where recorded): median
+# 2.8 %, max 22 % in-sample (worst: engine_check ctas_per_sm=3, 168 regs / 58 spills); leave-one-out
+# (`--calibration --loo`, each row predicted by a refit without it): LOO_RECORDED.
+LOO_RECORDED = {"median_abs_pct": 3.74, "max_abs_pct": 29.8}   # measured 2026-11-29 with LOO_ITERS refits
+
+MIN_REGS = 96            # ASSUMED: below this register cap the kernel is taken as not runnable (never measured < 128)
+REG_BASE = 127           # FITTED BY HAND to the measured spills: registers the kernel needs besides the weight tile
+SPILLS_PER_REG = 2.0     # FITTED BY HAND: ptxas spill count per register of shortfall (measured 64..434)
+SOFTMAX_Q = 6.0          # ASSUMED: sharpness of the latency-bound / bandwidth-bound blend of a phase
+MAX_SEQ = 640            # ASSUMED: cache span the split attention covers (measured: 10 splits of 64 positions)
+
+
+def register_cap(cfg: EngineConfig, ctas_per_sm: int | None = None) -> int:
+    """The engine's maxnreg (engine/monokernel.py): ctas_per_sm CTAs must fit in the 64K registers of an SM."""
+    c = ctas_per_sm or cfg.ctas_per_sm
+    return min(255, (REGS_PER_SM // (c * cfg.num_warps * 32)) // 8 * 8)
+
+
+def _phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int, int, int]]:
+    """(phase, tasks, K, rows one task streams) per layer (lm: once)."""
+    H, I = model.hidden_size, model.intermediate_size
+    return [("qkv", model.qkv_size // cfg.bn_qkv, H, cfg.bn_qkv),
+            ("o", H // cfg.bn_o, model.q_size, cfg.bn_o),
+            ("gate_up", I // cfg.bn_gate_up, H, 2 * cfg.bn_gate_up),    # gate and up tiles of one task
+            ("down", H // cfg.bn_down, I, cfg.bn_down),
+            ("lm", model.vocab_size // cfg.bn_lm, H, cfg.bn_lm)]
+
+
+def estimate_spills(model: ModelConfig, cfg: EngineConfig) -> tuple[int, float]:
+    """(registers, spills) the compiled kernel is expected to have: demand = REG_BASE + the largest weight
+    chunk held per thread (bf16 pairs in 32-bit registers); what exceeds the cap spills. Checked against the
+    measured regs/spills of the bench rows (spills 0..434) in tests; a crude estimate, the GPU backend has the
+    compiler's real numbers."""
     es = DTYPE_BYTES.get(model.dtype, 2)
-    fit = max_ctas_per_sm(cfg, model)
+    threads = 32 * cfg.num_warps
+    w = max(rows * min(cfg.block_k, K) * es / 4 / threads for _, _, K, rows in _phase_shapes(model, cfg))
+    cap = register_cap(cfg)
+    demand = REG_BASE + w
+    return min(cap, int(math.ceil(demand))), max(0.0, SPILLS_PER_REG * (demand - cap))
+
+
+def engine_max_ctas_per_sm(cfg: EngineConfig) -> int:
+    """Largest ctas_per_sm the engine can launch for cfg's warps: threads, and a register cap >= MIN_REGS."""
+    best = 0
+    for c in range(1, 9):
+        if c * 32 * cfg.num_warps <= MAX_THREADS_PER_SM and register_cap(cfg, c) >= MIN_REGS:
+            best = c
+    return best
+
+
+def _softmax(a: float, b: float, q: float = SOFTMAX_Q) -> float:
+    return (a ** q + b ** q) ** (1.0 / q)
+
+
+def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None,
+                   params: EngineParams | None = None, *, context: int = 320, attn_split: bool = True,
+                   spills: float | None = None) -> Prediction:
+    """Predicted tok/s and CTA-averaged breakdown of the real monokernel (engine/kernel.py) for one token.
+
+    Structure (what a CTA does, from engine/plan.py): per layer qkv -> attention -> o -> gate_up -> down, then
+    the LM head; tasks dealt to G = sms * ctas_per_sm persistent CTAs.
+      streaming: per phase, soft-max of the latency-bound time (each task: chunks x (lat + bytes / CTA rate),
+                 spread over G CTAs) and the bandwidth-bound time (bytes / (bw_frac * scan bandwidth)).
+      other:     per task task_us (+ spill and prefetch costs), per token token_us.
+      waiting (targeted) per phase boundary: the scan's flag latency, the producer's tail (the last round
+                 of its tasks: ceil(n/G) - n/G of a task time; an RMSNorm consumer or a counter covering all
+                 rows waits for it) and counter polls; per layer the attention chain.
+      barrier (grid): per phase boundary the scan's barrier + refill_us + the producer's tail; per layer the
+                 attention phase (the chain) is spent at the barrier too.
+    Mapping is not modelled (measured within 4% of each other). `spills`: the compiler's count if known,
+    else estimate_spills(). `attn_split`: the current engine (one task per KV head and cache block, the
+    last arriver merges); False = the older per-KV-head task looping over the cache."""
+    scan = scan or load_scan()
+    p = params or ENGINE_FITTED
+    es = DTYPE_BYTES.get(model.dtype, 2)
+    fit = engine_max_ctas_per_sm(cfg)
     if cfg.ctas_per_sm > fit:
         return Prediction(0.0, math.inf, {}, False,
                           f"too many blocks in cooperative launch (simulated residency: {fit} CTAs/SM fit)")
-    H, I, V, L = model.hidden_size, model.intermediate_size, model.vocab_size, model.num_layers
+    if spills is None or not np.isfinite(spills):
+        spills = estimate_spills(model, cfg)[1]
+    L = model.num_layers
     G = scan.sms * cfg.ctas_per_sm
-    c = cfg.ctas_per_sm
-    # (name, N tiles-rows, K, rows per tile, consumer needs the whole vector (RMSNorm) before it)
-    layer = [("qkv", model.qkv_size, H, cfg.bn_qkv, True), ("o", H, model.q_size, cfg.bn_o, False),
-             ("gate_up", I, H, cfg.bn_gate_up, True), ("down", H, I, cfg.bn_down, False)]
-    spread = cfg.mapping == "topology"   # topology places tasks on distinct SMs from the scan's placement
-    costs = {}
-    for name, N, K, bn, _ in layer + [("lm", V, H, cfg.bn_lm, True)]:
-        rows_per_tile = 2 * bn if name == "gate_up" else bn          # gate and up rows of one task
-        pc = phase_cost(N * (2 if name == "gate_up" else 1), K, rows_per_tile, cfg.block_k, cfg.num_warps,
-                        c, cfg.prefetch, scan, p, es, spread=spread)
-        if cfg.mapping == "contiguous":    # consecutive rows per CTA: longer DRAM runs
-            pc.overlapped_us /= 1.02
-            pc.synced_us /= 1.02
-        costs[name] = pc
-
-    # attention, split over KV blocks (flash-decode): one task per (head, attn_block of positions), each a
-    # dependent K/V block load, then a combine step
-    blk_bytes = 2 * cfg.attn_block * model.head_dim * es
-    t_blk = p.lat_us + blk_bytes / (p.cta_gbps * 1e3)
-    attn_tasks = model.num_heads * math.ceil(context / cfg.attn_block)
-    attn_us = math.ceil(attn_tasks / G) * t_blk + 0.5
+    cta_rate = p.warp_gbps * cfg.num_warps * 1e3          # bytes/us one CTA drains
+    bw = p.bw_frac * scan.bandwidth_gbps(scan.sms) * 1e3   # bytes/us the chip streams
+    per_task = p.task_us + p.pf_us * min(cfg.prefetch, 2)
+    counter_rows = cfg.sync_rows or cfg.block_k
 
     stream = wait = barrier = other = 0.0
-    bar = scan.barrier_us(G) + p.refill_us
-    flag = scan.flag_us * (1 - 0.6 * cfg.prefetch)
-    poll = p.poll_us * (1 - 0.5 * cfg.prefetch)
-    order = [n for n, *_ in layer]
-    for name in order + ["lm"]:
-        pc = costs[name]
+    t_task: dict[str, float] = {}
+    tail: dict[str, float] = {}
+    for name, n, K, rows in _phase_shapes(model, cfg):
         reps = 1 if name == "lm" else L
-        tasks_per_cta = math.ceil(pc.tasks / G)
-        other += reps * tasks_per_cta * p.task_us
-        if cfg.mode == "grid":
-            stream += reps * pc.overlapped_us
-            barrier += reps * (bar + (pc.synced_us - pc.overlapped_us))
-        else:
-            # round-robin / contiguous pile every phase's extra tile on the same CTAs; the topology
-            # mapping rotates the assignment per phase (and spreads over SMs), so it stays balanced
-            stream += reps * (pc.overlapped_us if cfg.mapping == "topology" else pc.busiest_us)
-            needs_all = dict((n, a) for n, _, _, _, a in layer + [("lm", V, H, cfg.bn_lm, True)])[name]
-            prev = {"qkv": "down", "o": None, "gate_up": "o", "down": "gate_up", "lm": "down"}[name]
-            tail = (costs[prev].synced_us - costs[prev].overlapped_us) if prev else 0.0
-            prev_rows = {"qkv": H, "o": model.q_size, "gate_up": H, "down": I, "lm": H}[name]
-            counter_rows = cfg.sync_rows or cfg.block_k
-            K = prev_rows
-            if needs_all:
-                frac = 1.0     # RMSNorm needs every row of the producer
-                n_polls = 1
-            else:
-                prev_time = costs[prev].overlapped_us if prev else attn_us
-                frac = min(1.0, counter_rows / prev_rows) if cfg.mapping != "contiguous" else \
-                    min(1.0, counter_rows * G / prev_rows)
-                tail = max(tail, frac * prev_time)
-                n_polls = math.ceil(K / min(counter_rows, cfg.block_k)) if cfg.sync_rows else math.ceil(K / cfg.block_k)
-            wait += reps * (flag + frac * tail * 0.5 + n_polls * tasks_per_cta * poll)
-    # attention waits on qkv (all heads' rows of its head) and is waited on by o
-    if cfg.mode == "grid":
-        barrier += L * bar
-        other += L * attn_us
+        chunks = math.ceil(K / cfg.block_k)
+        task_bytes = rows * K * es
+        t_mem = chunks * (p.lat_us + p.spill_us * spills / 100.0) + task_bytes / cta_rate
+        lat_bound = n / G * t_mem
+        bw_bound = n * task_bytes / bw
+        stream += reps * _softmax(lat_bound, bw_bound)
+        other += reps * n / G * per_task
+        # a task's wall time when the chip is busy (the phase's time per task round)
+        t_task[name] = (_softmax(lat_bound, bw_bound) / max(n / G, 1e-9)) + per_task
+        tail[name] = (math.ceil(n / G) - n / G) * t_task[name]
+
+    # attention: per layer a chain of dependent steps between the last qkv tile and the first o tile
+    blk_bytes = 2 * cfg.attn_block * model.head_dim * es
+    if attn_split:
+        n_attn = model.num_kv_heads * math.ceil(MAX_SEQ / cfg.attn_block)
+        seq_blocks, merge = 1, p.lat_us
     else:
-        wait += L * flag
-        other += L * attn_us
-    # sampling: argmax over the logits needs every CTA's partial result (one grid-wide step), and the launch
-    samp = scan.barrier_us(G) + 1.0
-    other += samp + scan.launch_us
+        n_attn = model.num_kv_heads
+        seq_blocks, merge = max(1, math.ceil(context / cfg.attn_block)), 0.0
+    chain = p.chain_us + seq_blocks * blk_bytes / cta_rate + (seq_blocks - 1) * p.lat_us + merge
+    other += L * n_attn / G * per_task
+
+    prev = {"qkv": "down", "o": None, "gate_up": "o", "down": "gate_up", "lm": "down"}
+    reads = {"qkv": model.hidden_size, "o": model.q_size, "gate_up": model.hidden_size,
+             "down": model.intermediate_size, "lm": model.hidden_size}
+    needs_all = {"qkv": True, "o": False, "gate_up": True, "down": False, "lm": True}   # RMSNorm first
+    shapes = {s[0]: s for s in _phase_shapes(model, cfg)}
+    if cfg.mode == "grid":
+        bar = scan.barrier_us(G) + p.refill_us
+        for name in ("qkv", "o", "gate_up", "down"):     # 5 barriers per layer: after qkv, attn, o, gate_up, down
+            barrier += L * (bar + tail[name])
+        barrier += L * (bar + chain)
+    else:
+        for name in ("qkv", "o", "gate_up", "down", "lm"):
+            reps = 1 if name == "lm" else L
+            n = shapes[name][1]
+            n_cnt = math.ceil(reads[name] / counter_rows)
+            polls = n / G * n_cnt * p.poll_us
+            src = prev[name]
+            if src is None:          # o waits on attention: the chain
+                exposed = chain
+            else:
+                full = needs_all[name] or counter_rows >= reads[name]
+                exposed = tail[src] * (1.0 if full else min(1.0, counter_rows / reads[name]))
+            wait += reps * (scan.flag_us + exposed + polls)
+    # token hand-off: the LM head's last round, argmax over every CTA's partial result, next token's start
+    other += p.token_us + tail["lm"]
     total_us = stream + wait + barrier + other
     s = total_us * 1e-6
     return Prediction(1.0 / s, s, {"streaming": stream * 1e-6, "waiting": wait * 1e-6,
                                    "barrier": barrier * 1e-6, "other": other * 1e-6})
+
+
+# ---- engine calibration --------------------------------------------------------------------------
+_ENGINE_FREE = ("lat_us", "warp_gbps", "bw_frac", "task_us", "spill_us", "pf_us", "chain_us", "refill_us",
+                "poll_us", "token_us")
+_BD_PARTS = ("streaming", "waiting", "barrier", "other")
+BD_WEIGHT = 0.3          # ASSUMED: weight of the breakdown terms against the tok/s term in the fit loss
+
+
+def calibration_scan() -> ScanModel:
+    """The H200 scan bundled with kog (the device the rows were measured on); synthetic if absent."""
+    try:
+        from kog.probe.scan import bundled_scan_path
+        return scan_from_dir(bundled_scan_path())
+    except Exception:
+        return synthetic_h200()
+
+
+@dataclass(frozen=True)
+class _Row:
+    model: ModelConfig
+    cfg: EngineConfig
+    context: int
+    attn_split: bool
+    spills: float
+    tok_s: float
+    bd: tuple[float, ...]               # measured streaming, waiting, barrier, other (s/token, untraced scale)
+
+
+def _engine_rows(df=None) -> list[_Row]:
+    from kog.engine.config import preset
+    df = load_engine_measurements() if df is None else df
+    out = []
+    for r in df.to_dict("records"):
+        cfg = EngineConfig(**{k: r[k] for k in _CFG_FIELDS})
+        traced = r["bd_traced_s"]
+        scale = (1.0 / r["tok_s"]) / traced if np.isfinite(traced) and traced > 0 else 1.0
+        bd = tuple(float(r[f"bd_{k}"]) * scale for k in _BD_PARTS)
+        out.append(_Row(preset(r["model"]), cfg, 64 + r["new_tokens"] // 2, bool(r["attn_split"]),
+                        float(r["spills"]), float(r["tok_s"]), bd))
+    return out
+
+
+def _row_predict(r: _Row, scan: ScanModel, p: EngineParams, measured_spills: bool = True) -> Prediction:
+    return predict_engine(r.model, r.cfg, scan, p, context=r.context, attn_split=r.attn_split,
+                          spills=r.spills if measured_spills else None)
+
+
+def _engine_loss(rows: list[_Row], scan: ScanModel, p: EngineParams, measured_spills: bool = True) -> float:
+    terms, bd_terms = [], []
+    for r in rows:
+        pr = _row_predict(r, scan, p, measured_spills)
+        if not pr.feasible:
+            terms.append(5.0)
+            continue
+        terms.append(abs(math.log(pr.tok_per_s / r.tok_s)))
+        for k, m in zip(_BD_PARTS, r.bd):
+            if np.isfinite(m) and m > 0:
+                bd_terms.append(abs(math.log(max(pr.breakdown[k], 1e-9) / m)))
+    return float(np.mean(terms) + (BD_WEIGHT * np.mean(bd_terms) if bd_terms else 0.0))
+
+
+def _mk_engine(x: np.ndarray, base: EngineParams) -> EngineParams:
+    kw = {k: float(math.exp(v)) for k, v in zip(_ENGINE_FREE, x)}
+    kw["bw_frac"] = min(1.0, kw["bw_frac"])     # the engine cannot stream faster than the scan measured
+    return EngineParams(**{**asdict(base), **kw})
+
+
+def fit_engine_params(rows: list[_Row] | None = None, scan: ScanModel | None = None, iters: int = 3000,
+                      start: EngineParams | None = None, measured_spills: bool = True) -> EngineParams:
+    """Fit EngineParams to measured rows: Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of
+    tok/s + BD_WEIGHT * mean |log ratio| of the breakdown parts the row has."""
+    rows = _engine_rows() if rows is None else rows
+    scan = scan or calibration_scan()
+    base = start or EngineParams()
+    x0 = np.log([getattr(base, k) for k in _ENGINE_FREE])
+    x = _nelder_mead(lambda v: _engine_loss(rows, scan, _mk_engine(v, base), measured_spills), x0, iters)
+    return _mk_engine(x, base)
+
+
+def engine_errors(params: EngineParams | None = None, scan: ScanModel | None = None,
+                  measured_spills: bool = True):
+    """Per-row prediction vs measurement (DataFrame: the table's columns + pred_tok_s, err_pct)."""
+    df = load_engine_measurements()
+    rows = _engine_rows(df)
+    scan = scan or calibration_scan()
+    p = params or ENGINE_FITTED
+    preds = [_row_predict(r, scan, p, measured_spills) for r in rows]
+    df = df.copy()
+    df["pred_tok_s"] = [pr.tok_per_s for pr in preds]
+    df["err_pct"] = (df["pred_tok_s"] - df["tok_s"]) / df["tok_s"] * 100
+    for k in ("streaming", "waiting", "barrier", "other"):
+        df[f"pred_{k}"] = [pr.breakdown.get(k, float("nan")) for pr in preds]
+    return df
+
+
+def engine_calibration_error(params: EngineParams | None = None, scan: ScanModel | None = None,
+                             loo: bool = False, measured_spills: bool = True) -> dict[str, Any]:
+    """Median / max abs % error of the engine model over the measured rows (in-sample with `params`,
+    default ENGINE_FITTED). loo=True: leave-one-out, each row predicted by a refit on the others (slow)."""
+    scan = scan or calibration_scan()
+    df = engine_errors(params, scan, measured_spills)
+    e = df["err_pct"].abs().to_numpy()
+    out = {"rows": int(len(df)), "median_abs_pct": float(np.median(e)), "max_abs_pct": float(e.max()),
+           "worst": str(df.loc[df["err_pct"].abs().idxmax(), "label"]), "scan": scan.source,
+           "measured_spills": measured_spills}
+    if loo:
+        rows = _engine_rows()
+        start = params or ENGINE_FITTED
+        le = []
+        for i, r in enumerate(rows):
+            fp = fit_engine_params(rows[:i] + rows[i + 1:], scan, iters=LOO_ITERS, start=start,
+                                   measured_spills=measured_spills)
+            pr = _row_predict(r, scan, fp, measured_spills)
+            le.append(abs(pr.tok_per_s - r.tok_s) / r.tok_s * 100)
+        out.update(loo_median_abs_pct=float(np.median(le)), loo_max_abs_pct=float(np.max(le)))
+    return out
+
+
+LOO_ITERS = 400          # refit iterations per left-out row, started from the full fit
+
+
+def predict(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None,
+            params: EngineParams | None = None, context: int = 320) -> Prediction:
+    """The engine model (predict_engine) for the current engine: split attention, estimated spills."""
+    return predict_engine(model, cfg, scan, params, context=context, attn_split=True)
 
 
 def trial_error(rows: Iterable[dict[str, Any]], model: ModelConfig, scan: ScanModel | None = None) -> dict[str, Any]:
@@ -343,11 +682,40 @@ def study_error(study, model: ModelConfig, scan: ScanModel | None = None) -> dic
     return trial_error(rows, model, scan)
 
 
-if __name__ == "__main__":
-    import sys
-    if "--fit" in sys.argv:
+def _fmt_params(p) -> str:
+    return f"{type(p).__name__}(" + ", ".join(f"{k}={v:.4g}" for k, v in asdict(p).items()) + ")"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m kog.tune.simulator [--calibration] [--loo] [--fit] [--fit-engine] [--extract]"""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m kog.tune.simulator")
+    ap.add_argument("--calibration", action="store_true", help="errors against the anchors and the engine rows")
+    ap.add_argument("--loo", action="store_true", help="with --calibration: leave-one-out error too (~1-2 min)")
+    ap.add_argument("--fit", action="store_true", help="refit the anchor (stream) parameters")
+    ap.add_argument("--fit-engine", action="store_true", help="refit the engine parameters to the measured rows")
+    ap.add_argument("--extract", action="store_true", help=f"rebuild {ENGINE_TABLE.name} from bench/h200")
+    a = ap.parse_args(argv)
+    if a.extract:
+        df = extract_engine_measurements()
+        df.to_parquet(ENGINE_TABLE, index=False)
+        print(f"{len(df)} rows -> {ENGINE_TABLE}")
+    if a.fit:
         fp = fit_params()
-        print(fp)
+        print(_fmt_params(fp))
         print(calibration_error(fp))
-    else:
-        print(calibration_error())
+    if a.fit_engine:
+        fp = fit_engine_params()
+        print(_fmt_params(fp))
+        print(engine_calibration_error(fp))
+    if a.calibration or not (a.extract or a.fit or a.fit_engine):
+        try:
+            print("stream anchors:", calibration_error())
+        except FileNotFoundError as e:
+            print("stream anchors: not available:", e)
+        print("engine rows:", engine_calibration_error(loo=a.loo))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
