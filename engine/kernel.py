@@ -146,6 +146,18 @@ def _normed_x(x_ptr, g_ptr, eps, kk, K: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _timed_wait(cnt_ptr, tgt_ptr, cbase, R, r0, r1, t1, rb, rm, sync_ptr, err_ptr, max_spin, task, waited,
+                TRACE: tl.constexpr, VENDOR: tl.constexpr):
+    """_wait_rows, adding the time it blocked to `waited` in an instrumented run."""
+    if TRACE:
+        w0 = global_time_ns(VENDOR)
+    rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cbase, R, r0, r1, t1, rb, rm, sync_ptr, err_ptr, max_spin, task)
+    if TRACE:
+        waited += global_time_ns(VENDOR) - w0
+    return rb, rm, waited
+
+
+@triton.jit
 def _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin,
           task, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, WAIT: tl.constexpr,
           TRACE: tl.constexpr, VENDOR: tl.constexpr):
@@ -166,12 +178,8 @@ def _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, r
         kk = k0 + rk
         w = _load_tile(wrow + kk[None, :], kk, K, EVEN)
         if WAIT:
-            if TRACE:
-                w0 = global_time_ns(VENDOR)
-            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
-                                err_ptr, max_spin, task)
-            if TRACE:
-                waited += global_time_ns(VENDOR) - w0
+            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
+                                         err_ptr, max_spin, task, waited, TRACE, VENDOR)
         if NORM:
             if K <= BK:
                 xg = _normed_x(x_ptr, g_ptr, eps, kk, K, DT)
@@ -207,12 +215,8 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
         wa = _load_tile(ra + kk[None, :], kk, K, EVEN)
         wb = _load_tile(rbp + kk[None, :], kk, K, EVEN)
         if WAIT:
-            if TRACE:
-                w0 = global_time_ns(VENDOR)
-            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
-                                err_ptr, max_spin, task)
-            if TRACE:
-                waited += global_time_ns(VENDOR) - w0
+            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
+                                         err_ptr, max_spin, task, waited, TRACE, VENDOR)
         if K <= BK:
             xg = _normed_x(x_ptr, g_ptr, eps, kk, K, DT)
         else:
