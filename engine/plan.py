@@ -40,7 +40,6 @@ class Plan:
     target: np.ndarray             # int32 [n_counters]: producer tiles per counter per token
     n_counters: int
     barriers_per_token: int
-    smid_map: np.ndarray | None = None   # int32 [max_sm * ctas_per_sm]: (sm, slot) -> CTA, topology mapping
     cta_die: np.ndarray | None = None    # die / L2 partition each CTA was planned for (topology mapping)
     meta: dict = field(default_factory=dict)
 
@@ -99,19 +98,17 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     if model.head_dim & (model.head_dim - 1):
         raise ConfigError(f"head_dim {model.head_dim} is not a power of two (the monokernel needs one)")
     grid = sms * ecfg.ctas_per_sm
-    die_of_cta = smid_map = None
+    die_of_cta = None
     if ecfg.mapping == "topology":
         if not sm_partition:
             raise ConfigError("mapping 'topology' needs a kogprobe scan of this GPU (its L2 partition map)")
         sm_ids = sorted(sm_partition)
         if len(sm_ids) != sms:
             raise ConfigError(f"the probe scan maps {len(sm_ids)} SMs but this GPU has {sms}")
-        # CTA numbering: SM-major; CTA (i * cps + slot) runs on the i-th SM of the scan
+        # CTA numbering: SM-major. The kernel ranks its programs by (%smid, program id), so plan-CTA
+        # i * cps + slot runs on the i-th SM of the scan when every SM holds cps programs
         cps = ecfg.ctas_per_sm
         die_of_cta = np.repeat(np.array([sm_partition[s] for s in sm_ids]), cps)
-        smid_map = np.full((max(sm_ids) + 1) * cps, -1, dtype=np.int32)
-        for i, s in enumerate(sm_ids):
-            smid_map[s * cps:(s + 1) * cps] = np.arange(i * cps, (i + 1) * cps)
 
     per_cta: list[list[tuple[int, int, int, int]]] = [[] for _ in range(grid)]
     cursor = 0
@@ -150,7 +147,7 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
                 targets.append(-(-min(int(R[b]), n_rows - c0) // bn))
     target = np.array(targets, dtype=np.int32)
     return Plan(grid=grid, tasks=tasks, cta_start=cta_start, layout=layout, rows_per_counter=R,
-                target=target, n_counters=len(target), barriers_per_token=nbar, smid_map=smid_map,
+                target=target, n_counters=len(target), barriers_per_token=nbar,
                 cta_die=die_of_cta, meta={"mapping": ecfg.mapping, "mode": ecfg.mode, "sms": sms,
                                           "attn_splits": attn_splits})
 
