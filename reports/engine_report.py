@@ -24,7 +24,7 @@ import pandas as pd
 from kog.probe.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.bench_tables import phase_breakdown, phase_table
-from kog.reports.html import Section, error_for, render_page
+from kog.reports.html import Section, error_for, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
 CATEGORIES = ("streaming", "waiting", "barrier", "other")
@@ -76,15 +76,6 @@ def bench_document(run) -> dict[str, Any] | None:
             if isinstance(d, dict) and isinstance(d.get("systems"), dict):
                 return d
     return None
-
-
-def _table(run, name: str) -> pd.DataFrame | None:
-    if not run.has_table(name):
-        return None
-    try:
-        return run.table(name)
-    except Exception:
-        return None
 
 
 def _tps(s: Any) -> float:
@@ -170,13 +161,13 @@ def _slug(s: str) -> str:
 
 def bench_sections(run, out: Path) -> list[Section]:
     doc = bench_document(run)
-    bd = _table(run, "breakdown")
+    bd = table_or_none(run, "breakdown")
     if (bd is None or "phase" not in bd.columns or bd.empty) and doc:
         # a bench JSON (or an older run) without the per-phase table: derive it from breakdown_extra.phases
         derived = phase_breakdown(doc.get("systems") or {})
         if not derived.empty:
             bd = derived
-    tl = _table(run, "timeline")
+    tl = table_or_none(run, "timeline")
     sections: list[Section] = []
     systems: dict[str, Any] = (doc or {}).get("systems") or {}
     limit = (doc or {}).get("limit_tok_per_s")

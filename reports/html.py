@@ -172,6 +172,17 @@ def escape(s: Any) -> str:
     return _html.escape(str(s))
 
 
+def table_or_none(run, name: str):
+    """A run's table, or None when it is absent or unreadable: a report shows what is missing instead
+    of failing."""
+    if not run.has_table(name):
+        return None
+    try:
+        return run.table(name)
+    except Exception:
+        return None
+
+
 def error_for(run, *names: str) -> str | None:
     """The error a run recorded (meta.json 'errors') for any of `names` (a probe or system name),
     matched loosely: 'signal' finds 'signal', 'probe:signal' or 'signal_latency'."""

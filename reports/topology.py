@@ -13,21 +13,12 @@ import pandas as pd
 
 from kog.probe.errors import UsageError
 from kog.reports import figures as F
-from kog.reports.html import Section, error_for, render_page
+from kog.reports.html import Section, error_for, render_page, table_or_none
 
 # table -> the probe that writes it (for the "missing" messages)
 PROBE_OF = {"placement": "placement", "latency": "latency", "l2map": "l2map", "l2_partition": "l2map",
             "l2_region_home": "l2map", "signal": "signal", "barrier": "sync", "flag": "sync", "atomics": "sync",
             "launch": "sync", "bandwidth": "bandwidth"}
-
-
-def _table(run, name: str) -> pd.DataFrame | None:
-    if not run.has_table(name):
-        return None
-    try:
-        return run.table(name)
-    except Exception:
-        return None
 
 
 def _summary(run) -> dict[str, Any]:
@@ -60,7 +51,7 @@ def _guard(sec: Section, run, fn: Callable[[], None], what: str) -> Section:
 
 
 def _partition_series(run, summary) -> pd.Series | None:
-    t = _table(run, "l2_partition")
+    t = table_or_none(run, "l2_partition")
     if t is not None and {"sm", "partition"} <= set(t.columns):
         return t.set_index("sm")["partition"]
     parts = summary.get("l2_partitions")
@@ -140,7 +131,7 @@ def scan_sections(run) -> list[Section]:
 
     # placement
     sec = Section("placement", "Placement map")
-    pl = _table(run, "placement")
+    pl = table_or_none(run, "placement")
     if pl is None:
         _missing(sec, run, ["placement"], "placement map")
     else:
@@ -157,7 +148,7 @@ def scan_sections(run) -> list[Section]:
 
     # latency ladder
     sec = Section("latency", "Latency ladder")
-    lt = _table(run, "latency")
+    lt = table_or_none(run, "latency")
     if lt is None:
         _missing(sec, run, ["latency"], "latency ladder")
     else:
@@ -174,8 +165,8 @@ def scan_sections(run) -> list[Section]:
 
     # per-SM L2 map
     sec = Section("l2map", "Per-SM L2 latency and partitions")
-    l2 = _table(run, "l2map")
-    homes = _table(run, "l2_region_home")
+    l2 = table_or_none(run, "l2map")
+    homes = table_or_none(run, "l2_region_home")
     home = homes.set_index("region")["partition"] if homes is not None and "region" in homes else None
     if l2 is None:
         _missing(sec, run, ["l2map"], "per-SM L2 latency map")
@@ -199,7 +190,7 @@ def scan_sections(run) -> list[Section]:
 
     # signal
     sec = Section("signal", "SM x SM signal latency")
-    sg = _table(run, "signal")
+    sg = table_or_none(run, "signal")
     if sg is None:
         _missing(sec, run, ["signal"], "SM x SM signal latency")
     else:
@@ -217,7 +208,7 @@ def scan_sections(run) -> list[Section]:
     # sync costs
     sec = Section("sync", "Synchronisation costs")
     names = ["barrier", "flag", "atomics", "launch"]
-    tabs = {n: _table(run, n) for n in names}
+    tabs = {n: table_or_none(run, n) for n in names}
     absent = [n for n in names if tabs[n] is None]
     if len(absent) == len(names):
         _missing(sec, run, names, "sync costs")
@@ -235,7 +226,7 @@ def scan_sections(run) -> list[Section]:
 
     # bandwidth
     sec = Section("bandwidth", "Bandwidth vs SMs")
-    bw = _table(run, "bandwidth")
+    bw = table_or_none(run, "bandwidth")
     if bw is None:
         _missing(sec, run, ["bandwidth"], "bandwidth vs SMs")
     else:
