@@ -65,6 +65,10 @@ class ReferenceEager:
         pos = torch.tensor([len(prompt) - 1], dtype=torch.long, device=self.device)
         return ref, tok, pos
 
+    def _next(self, ref: Reference, tok, pos):
+        """One decode step: the greedy next token as a [1] tensor, left on the device."""
+        return torch.argmax(ref.decode_step(tok, pos)).view(1)
+
     @torch.no_grad()
     def generate(self, prompt_ids, n: int):
         ref, tok, pos = self._prefill(list(prompt_ids), n)
@@ -72,7 +76,7 @@ class ReferenceEager:
         _sync(self.device)
         t0 = time.perf_counter()
         for j in range(n):
-            nxt = torch.argmax(ref.decode_step(tok, pos)).view(1)
+            nxt = self._next(ref, tok, pos)
             out[j:j + 1].copy_(nxt)
             tok.copy_(nxt)
             pos.add_(1)
@@ -156,19 +160,8 @@ class TorchCompile(ReferenceEager):
         self.compile_seconds = time.perf_counter() - t0
         ref.reset()
 
-    @torch.no_grad()
-    def generate(self, prompt_ids, n: int):
-        ref, tok, pos = self._prefill(list(prompt_ids), n)
-        out = torch.empty(n, dtype=torch.long, device=self.device)
-        _sync(self.device)
-        t0 = time.perf_counter()
-        for j in range(n):
-            nxt = self.step(tok, pos)
-            out[j:j + 1].copy_(nxt)
-            tok.copy_(nxt)
-            pos.add_(1)
-        _sync(self.device)
-        return out.tolist(), time.perf_counter() - t0
+    def _next(self, ref: Reference, tok, pos):
+        return self.step(tok, pos)          # the compiled forward + argmax; the loop is ReferenceEager's
 
 
 def build_hf_model(cfg: ModelConfig, weights: Weights, device):
