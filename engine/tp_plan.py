@@ -356,6 +356,8 @@ def check_tp_plan(p: TPPlan, tokens: int = 2) -> None:
                 cdeps.append((t, w, b))
             rank_deps.append(cdeps)
         deps.append(rank_deps)
+        dup = next((k for k, n in seen.items() if n > 1), None)
+        assert dup is None, f"rank {rp.rank}: {_name(*dup)} planned {seen[dup]} times, want once"
         for (ttype, layer, aux), n in expected.items():
             for tile in range(n):
                 k = seen.pop((ttype, layer, tile, aux), 0)
@@ -404,14 +406,20 @@ def _simulate(p: TPPlan, deps: list[list[list]], tokens: int) -> None:
                 i += 1
                 moved = True
             ptr[(r, c)] = i
+    stuck = []
     for (r, c), i in ptr.items():
         if i < n_of[(r, c)]:
             cd = deps[r][c]
             tok, j = divmod(i, len(cd))
-            t, waits, _ = cd[j]
-            o, tgt, off = next(w for w in waits if val.get(w[0], 0) < (tok + 1 + w[2]) * w[1])
-            raise AssertionError(f"deadlock: rank {r} CTA {c} stuck at token {tok} on {_name(*(int(v) for v in t))}, "
-                                 f"waiting on {_obj_name(p, o)} ({val.get(o, 0)} < {(tok + 1 + off) * tgt})")
+            t = cd[j][0]
+            stuck.append(((tok, _phase_key(int(t[0]), int(t[1]), int(t[3]))), r, c, tok, cd[j]))
+    if stuck:
+        # report the earliest blocked task (by token, then phase): the later ones wait on it, transitively
+        _, r, c, tok, (t, waits, _) = min(stuck, key=lambda s: (s[0], s[1], s[2]))
+        o, tgt, off = next(w for w in waits if val.get(w[0], 0) < (tok + 1 + w[2]) * w[1])
+        raise AssertionError(f"deadlock: rank {r} CTA {c} stuck at token {tok} on {_name(*(int(v) for v in t))}, "
+                             f"waiting on {_obj_name(p, o)} ({val.get(o, 0)} < {(tok + 1 + off) * tgt}); "
+                             f"{len(stuck)} CTA(s) stuck")
 
 
 def plan_summary(p: TPPlan) -> dict:
