@@ -70,3 +70,56 @@ def crash_if_bigwarps(payload, report):
         ctypes.string_at(0)
     from kog.tune.objective import sim_trial
     return sim_trial(payload, report)
+
+
+# ---- warm-worker fakes: what a trial can leave behind in a process that serves the next one ------------
+def pid(payload, report):
+    """Which process served this job, and how many jobs it served (kog.tune.worker.CACHE persists)."""
+    from kog.tune.worker import CACHE
+    CACHE["jobs"] = CACHE.get("jobs", 0) + 1
+    report(0, 1.0)
+    return {"value": float(payload.get("value", 1.0)), "pid": os.getpid(), "jobs": CACHE["jobs"]}
+
+
+def cuda_error(payload, report):
+    """What torch raises after an illegal address: the context is poisoned, the worker must go."""
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def config_error(payload, report):
+    from kog.engine.config import ConfigError
+    raise ConfigError("ctas_per_sm 4 does not fit: the kernel uses 255 registers/thread")
+
+
+def monokernel_timeout(payload, report):
+    """The engine's bounded spin-wait timing out: a clean exception after the kernel returned."""
+    from kog.engine.monokernel import MonokernelError
+    raise MonokernelError("monokernel: a wait timed out on counter 3; the kernel aborted instead of hanging")
+
+
+def record_compile(payload, report):
+    """Stands in for precompile_one: appends the config's kernel key to payload['log']."""
+    import json
+    from kog.engine.engine_config import EngineConfig
+    from kog.tune.search import kernel_key
+    with open(payload["log"], "a") as f:
+        f.write(json.dumps(list(kernel_key(EngineConfig.from_dict(payload["config"])))) + "\n")
+    time.sleep(float(payload.get("compile_s", 0.0)))
+    return {"value": 0.0}
+
+
+def sim_if_compiled(payload, report):
+    """The simulator's trial, but only for a config whose kernel record_compile compiled before: a trial
+    that would have compiled on the fly fails (LaunchError), so a test sees compile-ahead being skipped."""
+    import json
+    from kog.engine.engine_config import EngineConfig
+    from kog.tune.objective import LaunchError, sim_trial
+    from kog.tune.search import kernel_key
+    key = list(kernel_key(EngineConfig.from_dict(payload["config"])))
+    with open(payload["log"]) as f:
+        done = [json.loads(ln) for ln in f if ln.strip()]
+    if key not in done:
+        raise LaunchError(f"kernel {key} was not compiled ahead")
+    out = sim_trial(payload, report)
+    out["pid"] = os.getpid()
+    return out

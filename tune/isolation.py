@@ -16,6 +16,14 @@ happens into an Outcome:
     invalid       a config the engine refused (ConfigError)
     error         any other exception
     pruned        the parent's on_intermediate callback asked to stop (the child is killed)
+
+WarmWorker is the same isolation with one process kept alive across trials (`python -m kog.tune.worker
+--serve`: one JSON job per line): importing torch, creating a CUDA context and generating the random
+weights happen once per worker, not once per trial. A trial still never runs in the parent. After a
+crash, hang (the whole process group is killed), OOM or any exception that may have poisoned the CUDA
+context, the worker is killed and the next trial starts a fresh one; only clean Python exceptions that
+cannot touch the context (CLEAN_ERRORS: a refused config, a failed correctness gate, the engine's bounded
+wait timing out, a compile error, a cooperative prune) keep it. Outcomes are the same as run_isolated's.
 """
 from __future__ import annotations
 
@@ -40,6 +48,7 @@ class Outcome:
     data: dict[str, Any] = field(default_factory=dict)
     intermediates: list[tuple[int, float]] = field(default_factory=list)
     wall_s: float = 0.0
+    fresh_worker: bool = True         # the trial paid for a process start (always, for run_isolated)
 
     @property
     def ok(self) -> bool:
@@ -175,3 +184,213 @@ def _tail(f, n: int = 300) -> str:
         return lines[-1][-n:] if lines else ""
     except Exception:
         return ""
+
+
+# ---- warm workers -----------------------------------------------------------------------------------
+# Exceptions raised in Python before or after a kernel ran to completion: the CUDA context is intact.
+# MonokernelError is the engine's bounded spin-wait timing out: the kernel aborted itself and returned.
+CLEAN_ERRORS = frozenset({"ConfigError", "Infeasible", "CorrectnessError", "LaunchError", "MonokernelError",
+                          "CompilationError", "CompileTimeAssertionFailure", "ProtocolError"})
+
+
+class WarmWorker:
+    """One long-lived `python -m kog.tune.worker --serve` process that runs trials one after another.
+
+    run(target, payload, timeout, on_intermediate) -> Outcome, exactly like run_isolated, and never raises
+    for anything the child does. The process is (re)started lazily; `starts` counts them. Not thread-safe:
+    one thread drives one worker (a pool is a list of them)."""
+
+    def __init__(self, env: dict[str, str] | None = None, name: str = "worker"):
+        self.env = env
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.jobs = 0
+        self._err = None
+        self._lines: "queue.Queue[bytes | None]" = queue.Queue()
+
+    # -- process management
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _start(self) -> None:
+        self.kill()
+        child_env = {**os.environ, **(self.env or {})}
+        child_env.setdefault("PYTHONFAULTHANDLER", "1")
+        self._err = tempfile.TemporaryFile(mode="w+b")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kog.tune.worker", "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                     env=child_env, start_new_session=True)
+        self._lines = q = queue.Queue()
+        proc = self.proc
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for ln in proc.stdout:
+                q.put(ln)
+            q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        self.starts += 1
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                _kill_group(self.proc)
+            for f in (self.proc.stdin, self.proc.stdout):
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass
+            self.proc = None
+        if self._err is not None:
+            self._err.close()
+            self._err = None
+
+    def close(self) -> None:
+        """Let the worker exit on EOF (its group is killed if it does not within a few seconds)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def __enter__(self) -> "WarmWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _send(self, obj: dict[str, Any]) -> bool:
+        try:
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    # -- one trial
+    def run(self, target: str, payload: dict[str, Any], timeout: float,
+            on_intermediate: Callable[[int, float], bool] | None = None) -> Outcome:
+        t0 = time.monotonic()
+        out = Outcome("crash", fresh_worker=not self.alive())
+        if not self.alive():
+            self._start()
+        self.jobs += 1
+        proc, lines = self.proc, self._lines
+        assert proc is not None
+        self._send({"target": target, "payload": payload})
+        deadline = t0 + timeout
+        keep = False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                out.status, out.reason = "hang", f"hang: no result after {timeout:g} s (process group killed)"
+                break
+            try:
+                ln = lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+            if ln is None:                                   # the worker died mid-trial
+                out.status, out.reason = self._death_reason(deadline)
+                break
+            try:
+                msg = json.loads(ln)
+            except ValueError:
+                continue
+            ev = msg.get("event")
+            if ev == "intermediate":
+                step, val = int(msg["step"]), float(msg["value"])
+                out.intermediates.append((step, val))
+                prune = bool(on_intermediate(step, val)) if on_intermediate is not None else False
+                self._send({"prune": prune})                 # the child waits for this answer
+            elif ev == "pruned":
+                out.status, out.reason, keep = "pruned", msg.get("message", "pruned"), True
+                break
+            elif ev == "result":
+                out.status, out.value, keep = "ok", float(msg["value"]), True
+                out.data = {k: v for k, v in msg.items() if k not in ("event", "value")}
+                break
+            elif ev == "error":
+                etype, m = msg.get("type", ""), msg.get("message", "")
+                out.status = classify_error(etype, m)
+                out.reason = f"{out.status}: {etype}: {m}"[:500]
+                keep = etype in CLEAN_ERRORS and out.status != "oom"
+                break
+        if not keep:
+            self.kill()                                      # a fresh process for the next trial
+        out.wall_s = time.monotonic() - t0
+        return out
+
+    def _death_reason(self, deadline: float) -> tuple[str, str]:
+        assert self.proc is not None
+        try:
+            rc = self.proc.wait(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            return "hang", "hang: no exit after closing its output (killed)"
+        if rc < 0:
+            return "crash", f"crash: killed by {_signal_name(-rc)}"
+        tail = _tail(self._err) if self._err is not None else ""
+        low = tail.lower()
+        status = "oom" if "out of memory" in low or "memoryerror" in low else "crash"
+        reason = f"{status}: exit code {rc}" + (f": {tail}" if tail else "")
+        if rc == 137:
+            reason += " (killed: out of memory?)"
+        return status, reason
+
+
+class WorkerPool:
+    """`n` warm workers driven by `n` threads: map(jobs) runs (target, payload) jobs in parallel, each in
+    whichever worker is free. envs[i] is worker i's environment (e.g. CUDA_VISIBLE_DEVICES)."""
+
+    def __init__(self, n: int, envs: list[dict[str, str] | None] | None = None, name: str = "pool"):
+        self.workers = [WarmWorker((envs or [None] * n)[i], f"{name}-{i}") for i in range(n)]
+        self._free: "queue.Queue[WarmWorker]" = queue.Queue()
+        for w in self.workers:
+            self._free.put(w)
+
+    def run(self, target: str, payload: dict[str, Any], timeout: float, **kw) -> Outcome:
+        w = self._free.get()
+        try:
+            return w.run(target, payload, timeout, **kw)
+        finally:
+            self._free.put(w)
+
+    def submit_all(self, jobs, timeout: float, on_done: Callable[[Any, Outcome], None] | None = None):
+        """Run [(key, target, payload)] in parallel; call on_done(key, outcome) as each ends (from the
+        pool's threads). Returns a list of futures."""
+        from concurrent.futures import ThreadPoolExecutor
+        ex = ThreadPoolExecutor(max_workers=len(self.workers))
+
+        def one(job):
+            key, target, payload = job
+            try:
+                o = self.run(target, payload, timeout)
+            except Exception as e:  # noqa: BLE001 - on_done must be called for every job
+                o = Outcome("error", reason=f"error: {type(e).__name__}: {e}"[:500])
+            if on_done is not None:
+                on_done(key, o)
+            return key, o
+
+        futs = [ex.submit(one, j) for j in jobs]
+        ex.shutdown(wait=False)
+        return futs
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+    @property
+    def starts(self) -> int:
+        return sum(w.starts for w in self.workers)
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,12 +1,16 @@
-"""The objective: the engine's median tok/s behind a correctness gate, each trial in its own process.
+"""The objective: the engine's median tok/s behind a correctness gate, each trial in an isolated process.
 
 Child side (run by kog.tune.worker): `gpu_trial` builds the monokernel for one EngineConfig, checks its
 teacher-forced logits against the reference (max_rel_err <= 2e-2, else CorrectnessError: a wrong config is
 a failed trial, never a best), reports a short measurement (for pruning), then returns the median tok/s of
-`repeats` runs. `sim_trial` does the same with the simulator's prediction.
+`repeats` runs (TRIAL_DEFAULTS: 128 tokens x 3). In a warm worker (isolation.WarmWorker) the weights, the
+prompt and the reference logits are made once per process (model_state, kept in kog.tune.worker.CACHE),
+so a trial costs the Monokernel build, the gate and the timed runs. `precompile_one` compiles the kernel
+variants of a config without running them. `sim_trial` does the same with the simulator's prediction.
 
 Parent side: `Objective(ctx)(trial)` samples a config, rejects impossible ones before any launch
-(PRUNED, reason in user attr 'fail_reason'), runs the child through kog.tune.isolation, forwards the short
+(PRUNED, reason in user attr 'fail_reason'), runs the child through kog.tune.isolation (ctx.runner: a warm
+worker; else a fresh process per trial), forwards the short
 measurement to trial.report()/should_prune(), and turns every failure into a FAILED trial with its
 'fail_reason' (raising TrialFailed, which the study catches).
 """
@@ -58,52 +62,137 @@ def _teacher_forced(mk, prompt: list[int], forced: list[int]):
     return fn(prompt, forced) if n >= 2 else fn(prompt + forced)[-len(forced):]
 
 
-def gpu_trial(payload: dict[str, Any], report: Callable[[int, float], None]) -> dict[str, Any]:
+# Measurement defaults (payload keys override them). Every decode length is a multiple of 16 so that all of a
+# trial's generate() launches share one Triton specialization (ints are specialized on divisibility by 16),
+# and precompile_one compiles exactly the variants a trial launches. max_seq 640 gives the KV cache (and so
+# the attention split count) of `kogtune bench`'s default run (64 prompt + 512 new tokens).
+TRIAL_DEFAULTS: dict[str, Any] = {"prompt_tokens": 16, "gate_tokens": 16, "warmup_tokens": 16,
+                                  "short_tokens": 32, "tokens": 128, "repeats": 3, "max_seq": 640, "seed": 0}
+
+
+def _opt(payload: dict[str, Any], k: str) -> Any:
+    return payload.get(k, TRIAL_DEFAULTS[k])
+
+
+def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
+    """Weights, prompt, forced tokens and (gate=True) the reference's teacher-forced logits of the payload's
+    model: generated once per worker process and kept in kog.tune.worker.CACHE, so a warm worker pays for
+    them on its first trial only. One model at a time (GPU memory): another model replaces it."""
     import torch
-    from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
-    from kog.engine.reference import Reference
     from kog.engine.weights import resolve_model
-    seed = int(payload.get("seed", 0))
-    device = payload.get("device", "cuda")
-    model, weights = resolve_model(payload["model"], device=device, seed=seed)
+    from kog.tune.worker import CACHE
+    seed, device = int(_opt(payload, "seed")), payload.get("device", "cuda")
+    dtype = payload.get("dtype")          # None: the model's own (CPU interpreter tests use float32)
+    key = ("model", payload["model"], seed, device, dtype, int(_opt(payload, "prompt_tokens")),
+           int(_opt(payload, "gate_tokens")))
+    st = CACHE.get(key)
+    if st is None:
+        for k in [k for k in CACHE if isinstance(k, tuple) and k[:1] == ("model",)]:
+            del CACHE[k]
+        model, weights = resolve_model(payload["model"], device=device, seed=seed, dtype=dtype)
+        g = torch.Generator().manual_seed(seed)
+        V = model.vocab_size
+        prompt = torch.randint(0, V, (int(_opt(payload, "prompt_tokens")),), generator=g).tolist()
+        forced = torch.randint(0, V, (int(_opt(payload, "gate_tokens")),), generator=g).tolist()
+        st = CACHE[key] = {"model": model, "weights": weights, "prompt": prompt, "forced": forced, "ref": None}
+    if gate and st["ref"] is None:
+        from kog.engine.reference import Reference
+        st["ref"] = Reference(st["model"], st["weights"]).teacher_forced_logits(st["prompt"], st["forced"]).float()
+    return st
+
+
+def _build(payload: dict[str, Any], st: dict[str, Any]):
+    from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
     cfg = EngineConfig.from_dict(payload["config"])
-    mk = Monokernel(model, weights, cfg, device)
-    g = torch.Generator().manual_seed(seed)
-    V = model.vocab_size
-    prompt = torch.randint(0, V, (int(payload.get("prompt_tokens", 16)),), generator=g).tolist()
-    forced = torch.randint(0, V, (int(payload.get("gate_tokens", 16)),), generator=g).tolist()
+    mk = Monokernel(st["model"], st["weights"], cfg, payload.get("device", "cuda"),
+                    max_seq=int(_opt(payload, "max_seq")))
+    mk.n_eos = 0            # as `kogtune bench`: an EOS drawn from random weights must not end a timed run
+    return mk
+
+
+def gpu_trial(payload: dict[str, Any], report: Callable[[int, float], None]) -> dict[str, Any]:
+    """One measured trial: gate, warm-up, short (prunable) run, then `repeats` timed runs of `tokens`."""
+    import time
+    t0 = time.perf_counter()
+    fresh = "model" not in {k[0] for k in _cache_keys()}
+    st = model_state(payload)
+    t_state = time.perf_counter() - t0
+    mk = _build(payload, st)
+    prompt, forced = st["prompt"], st["forced"]
     # the gate: teacher-forced logits against the reference
     got = _teacher_forced(mk, prompt, forced).float()
-    ref = Reference(model, weights).teacher_forced_logits(prompt, forced).float().to(got.device)
+    ref = st["ref"].to(got.device)
     rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
     if not rel <= MAX_REL_ERR:   # NaN fails too
         raise CorrectnessError(f"max_rel_err {rel:.3g} > {MAX_REL_ERR:g} (teacher-forced logits vs reference)")
-    n = int(payload.get("tokens", 128))
-    mk.generate(prompt, min(n, 8))                          # warm-up
-    _, s = mk.generate(prompt, max(8, n // 4))
-    report(0, max(8, n // 4) / s)                           # short measurement: prunable
+    n, short = int(_opt(payload, "tokens")), int(_opt(payload, "short_tokens"))
+    mk.generate(prompt, int(_opt(payload, "warmup_tokens")))        # warm-up
+    _, s = mk.generate(prompt, short)
+    report(0, short / s)                                             # short measurement: prunable
     speeds = []
-    for _ in range(int(payload.get("repeats", 3))):
+    for _ in range(int(_opt(payload, "repeats"))):
         _, s = mk.generate(prompt, n)
         speeds.append(n / s)
-    out: dict[str, Any] = {"value": statistics.median(speeds), "max_rel_err": rel, "runs": speeds}
-    try:
-        out["breakdown"] = mk.breakdown()
-    except Exception:
-        pass
+    out: dict[str, Any] = {"value": statistics.median(speeds), "max_rel_err": rel, "runs": speeds,
+                           "setup_s": round(t_state, 3), "trial_s": round(time.perf_counter() - t0, 3),
+                           "warm": not fresh}
+    for k in ("compile_seconds", "kernel_regs", "kernel_spills"):
+        v = getattr(mk, k, None)
+        if v is not None:
+            out[k] = v
     return out
 
 
+def _cache_keys():
+    from kog.tune.worker import CACHE
+    return [k for k in CACHE if isinstance(k, tuple)]
+
+
+class _CompileOnly:
+    """Stands in for the engine's Triton kernel during precompile_one: every launch becomes warmup()
+    (compile + load, same specialization as the real launch) and nothing runs on the GPU, so compiling
+    ahead in parallel never disturbs a measurement running on the same GPU."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def warmup(self, *args, **kw):
+        return self.fn.warmup(*args, **kw)
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.fn.warmup(*args, grid=grid, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
 def precompile_one(payload: dict[str, Any], report: Callable[[int, float], None]) -> dict[str, Any]:
-    """Compile one kernel variant (child side of search.precompile)."""
-    from kog.engine import monokernel   # type: ignore[attr-defined]
-    from kog.tune.space import resolve_model_config
-    model = resolve_model_config(payload["model"])
-    monokernel.precompile(model, EngineConfig.from_dict(payload["config"]))
-    return {"value": 0.0}
+    """Compile the kernel variants a gpu_trial of this config launches (child side of search.precompile):
+    the same Monokernel (max_seq, EOS handling) driven through the same calls with the same decode lengths,
+    with launches replaced by warmup(). Triton's on-disk cache then serves the trial. A config that cannot
+    be co-resident fails here already (ConfigError from the engine's residency check)."""
+    import time
+    from kog.engine import kernel as K
+    from kog.engine.vendor import INTERPRET, vendor_code
+    t0 = time.perf_counter()
+    st = model_state(payload, gate=False)
+    mk = _build(payload, st)
+    if vendor_code() == INTERPRET:   # nothing to compile: the interpreter runs the Python source
+        return {"value": time.perf_counter() - t0, "compiled": False}
+    real = K.monokernel
+    K.monokernel = _CompileOnly(real)
+    try:
+        _teacher_forced(mk, st["prompt"], st["forced"])
+        for k in ("warmup_tokens", "short_tokens", "tokens"):
+            mk.generate(st["prompt"], int(_opt(payload, k)))
+    finally:
+        K.monokernel = real
+    return {"value": time.perf_counter() - t0, "compiled": True,
+            "kernel_regs": getattr(mk, "kernel_regs", None), "kernel_spills": getattr(mk, "kernel_spills", None)}
 
 
 TARGETS = {"gpu": "kog.tune.objective:gpu_trial", "sim": "kog.tune.objective:sim_trial"}
+COMPILE_TARGET = "kog.tune.objective:precompile_one"
 
 
 # ---- parent side -------------------------------------------------------------------------------
@@ -119,9 +208,14 @@ class TrialContext:
     payload_extra: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] | None = None
     target: str | None = None       # override the child function (tests)
+    runner: Any = None              # a kog.tune.isolation.WarmWorker; None: a fresh process per trial
 
 
 class Objective:
+    """prepare(trial) samples and checks a config (no launch); execute(trial, payload) runs it isolated.
+    Calling the objective does both (what study.optimize wants); search.optimize_ahead calls them apart so
+    the kernels of the next trials compile while the current ones are measured."""
+
     def __init__(self, ctx: TrialContext):
         from kog.tune.space import build_space, residency_fn
         self.ctx = ctx
@@ -138,7 +232,9 @@ class Objective:
                 return t
         return None
 
-    def __call__(self, trial) -> float:
+    def prepare(self, trial) -> dict[str, Any] | float:
+        """The payload to run, or the value of an identical finished trial; raises optuna.TrialPruned for
+        an impossible config and TrialFailed for one that failed before."""
         import optuna
         from kog.tune.space import Infeasible, check
         cfg = self.space.suggest(trial)
@@ -157,17 +253,24 @@ class Objective:
             trial.set_user_attr("fail_reason", reason[:500])
             trial.set_user_attr("fail_kind", prev.user_attrs.get("fail_kind", "error"))
             raise TrialFailed(reason)
-        payload = {"model": self.ctx.model_spec, "config": cfg.to_dict(), "scan": self.ctx.scan_path,
-                   **self.ctx.payload_extra}
+        return {"model": self.ctx.model_spec, "config": cfg.to_dict(), "scan": self.ctx.scan_path,
+                **self.ctx.payload_extra}
+
+    def execute(self, trial, payload: dict[str, Any]) -> float:
+        import optuna
 
         def on_intermediate(step: int, value: float) -> bool:
             trial.report(value, step)
             return trial.should_prune()
 
-        from kog.tune.isolation import run_isolated
-        out = run_isolated(self.ctx.target or TARGETS[self.ctx.backend], payload, self.ctx.timeout,
-                           on_intermediate, env=self.ctx.env)
+        target = self.ctx.target or TARGETS[self.ctx.backend]
+        if self.ctx.runner is not None:
+            out = self.ctx.runner.run(target, payload, self.ctx.timeout, on_intermediate)
+        else:
+            from kog.tune.isolation import run_isolated
+            out = run_isolated(target, payload, self.ctx.timeout, on_intermediate, env=self.ctx.env)
         trial.set_user_attr("wall_s", round(out.wall_s, 3))
+        trial.set_user_attr("fresh_worker", out.fresh_worker)
         if out.status == "pruned":
             trial.set_user_attr("fail_reason", out.reason)
             raise optuna.TrialPruned(out.reason)
@@ -175,7 +278,12 @@ class Objective:
             trial.set_user_attr("fail_reason", out.reason)
             trial.set_user_attr("fail_kind", out.status)
             raise TrialFailed(out.reason)
-        for k in ("breakdown", "max_rel_err", "simulated", "runs"):
+        for k in ("breakdown", "max_rel_err", "simulated", "runs", "trial_s", "compile_seconds", "kernel_regs",
+                  "kernel_spills"):
             if k in out.data:
                 trial.set_user_attr(k, out.data[k])
         return float(out.value)
+
+    def __call__(self, trial) -> float:
+        p = self.prepare(trial)
+        return p if isinstance(p, float) else self.execute(trial, p)

@@ -6,7 +6,9 @@ kept). A RUNNING trial left by a dead search process is marked FAILED (with 'fai
 re-queued once: at start-up for processes of this host whose pid is gone, and through Optuna's heartbeat
 (grace period) for other hosts. Several hosts share one study through PostgreSQL
 (`--storage postgresql://...`). --workers N runs N worker processes (worker i sees GPU i only).
-Every trial runs in its own process (kog.tune.isolation).
+Every trial runs isolated from the study (kog.tune.isolation), in one warm worker process per GPU that is
+replaced after any failure that may have poisoned it. On the GPU the trials are asked a few at a time and
+their kernels compile in parallel processes while the previous few are measured (optimize_ahead).
 """
 from __future__ import annotations
 
@@ -274,14 +276,28 @@ class _Tagged:
         trial.set_user_attr("worker", self.tag)
         return self.obj(trial)
 
+    def prepare(self, trial):
+        trial.set_user_attr("worker", self.tag)
+        return self.obj.prepare(trial)
+
+    def execute(self, trial, payload):
+        return self.obj.execute(trial, payload)
+
 
 def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, seed: int | None,
                worker_index: int = 0, gpu_env: bool = False, target: str | None = None,
-               payload_extra: dict[str, Any] | None = None) -> None:
-    """One worker: optimize until the study holds `total_trials` finished trials."""
+               payload_extra: dict[str, Any] | None = None, ahead: int | None = None,
+               compile_processes: int | None = None, compile_target: str | None = None) -> None:
+    """One worker: optimize until the study holds `total_trials` finished trials.
+
+    Trials run in one warm worker process (isolation.WarmWorker; restarted after a crash, hang, OOM or
+    CUDA error). With ahead > 0 (default for --backend gpu: AHEAD) the trials are asked `ahead` at a time
+    and the kernels of the next batch compile in parallel processes while this batch is measured
+    (optimize_ahead); ahead 0 is Optuna's plain one-trial-at-a-time optimize()."""
     import optuna
     from optuna.study import MaxTrialsCallback
-    from kog.tune.objective import Objective, TrialContext, TrialFailed
+    from kog.tune.isolation import WarmWorker, WorkerPool
+    from kog.tune.objective import COMPILE_TARGET, Objective, TrialContext, TrialFailed
     from kog.tune.space import build_space
     storage = open_storage(s.storage_url)
     wseed = None if seed is None else seed + worker_index
@@ -290,48 +306,203 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
     if left <= 0:
         return
     env = {"CUDA_VISIBLE_DEVICES": str(worker_index)} if gpu_env else None
+    runner = WarmWorker(env, f"measure-{worker_index}")
     ctx = TrialContext(s.model_spec, s.model, s.sms, s.backend, timeout, s.scan_path,
-                       build_space(s.model, s.has_scan), payload_extra or {}, env, target)
-    study.optimize(_Tagged(Objective(ctx)), n_trials=left, catch=(TrialFailed,),
-                   callbacks=[MaxTrialsCallback(total_trials, states=_counted_states())],
-                   gc_after_trial=False, show_progress_bar=False)
+                       build_space(s.model, s.has_scan), payload_extra or {}, env, target, runner)
+    if ahead is None:
+        ahead = AHEAD if s.backend == "gpu" else 0
+    ctarget = compile_target or (COMPILE_TARGET if s.backend == "gpu" else None)
+    try:
+        if ahead > 0:
+            pool = None
+            if ctarget is not None:
+                n = compile_processes or default_compile_processes()
+                pool = WorkerPool(n, [env] * n, f"compile-{worker_index}")
+            try:
+                optimize_ahead(study, _Tagged(Objective(ctx)), total_trials, ahead, pool, ctarget,
+                               s.model_spec, payload_extra or {}, timeout=max(timeout, 600.0))
+            finally:
+                if pool is not None:
+                    pool.close()
+        else:
+            study.optimize(_Tagged(Objective(ctx)), n_trials=left, catch=(TrialFailed,),
+                           callbacks=[MaxTrialsCallback(total_trials, states=_counted_states())],
+                           gc_after_trial=False, show_progress_bar=False)
+    finally:
+        runner.close()
+
+
+AHEAD = 6        # trials asked (and compiled) ahead per batch in a gpu search
+
+
+def default_compile_processes() -> int:
+    """Parallel compile processes: the CPU cores, less one for the measuring worker (16 on the H200 host)."""
+    return max(1, min(16, (os.cpu_count() or 2) - 1))
+
+
+def _running_count(study) -> int:
+    from optuna.trial import TrialState
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_target: str | None,
+                   model_spec: str, payload_extra: dict[str, Any], timeout: float = 600.0) -> None:
+    """study.optimize with compilation ahead: ask `ahead` trials, compile their distinct kernels in the
+    pool (compile only, nothing runs on the GPU), and while batch i is measured one by one in the warm
+    worker, batch i+1 is asked (constant-liar TPE sees batch i as running) and compiled. Stops when the
+    study holds `total` finished trials (counting other processes' running ones, so none overshoots).
+    Optuna's heartbeat is kept for every asked trial, so a dead process's trials are failed and re-queued
+    exactly as with optimize()."""
+    import threading
+    import optuna
+    from optuna.trial import TrialState
+    from kog.tune.objective import TrialFailed
+    storage = study._storage
+    inflight: dict[int, Any] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    beat = hasattr(storage, "record_heartbeat") and storage.get_heartbeat_interval() is not None
+
+    def heartbeat() -> None:
+        while not stop.wait(HEARTBEAT_S / 2):
+            with lock:
+                ids = list(inflight)
+            for tid in ids:
+                try:
+                    storage.record_heartbeat(tid)
+                except Exception:
+                    pass
+
+    if beat:
+        threading.Thread(target=heartbeat, daemon=True).start()
+    compiled: set = set()
+
+    def tell(t, value=None, state=None) -> None:
+        try:
+            if state is None:
+                study.tell(t, value)
+            else:
+                study.tell(t, state=state)
+        finally:
+            with lock:
+                inflight.pop(t._trial_id, None)
+
+    def ask_batch() -> list[tuple[Any, dict[str, Any]]]:
+        n = min(ahead, total - finished_count(study) - _running_count(study))
+        batch = []
+        for _ in range(max(0, n)):
+            t = study.ask()
+            with lock:
+                inflight[t._trial_id] = t
+            if beat:
+                storage.record_heartbeat(t._trial_id)
+            try:
+                p = objective.prepare(t)
+            except optuna.TrialPruned:
+                tell(t, state=TrialState.PRUNED)
+                continue
+            except TrialFailed:
+                tell(t, state=TrialState.FAIL)
+                continue
+            except BaseException:
+                tell(t, state=TrialState.FAIL)
+                raise
+            if isinstance(p, float):
+                tell(t, p)
+                continue
+            batch.append((t, p))
+        return batch
+
+    def compile_batch(batch):
+        if pool is None or compile_target is None:
+            return []
+        from kog.engine.engine_config import EngineConfig
+        jobs = []
+        for _, p in batch:
+            key = kernel_key(EngineConfig.from_dict(p["config"]))
+            if key not in compiled:
+                compiled.add(key)
+                jobs.append((key, compile_target, {**p, **payload_extra}))
+        return pool.submit_all(jobs, timeout)
+
+    try:
+        batch = ask_batch()
+        futs = compile_batch(batch)
+        while batch:
+            for f in futs:
+                f.result()
+            nxt = ask_batch()                 # ask before measuring: its kernels compile meanwhile
+            nfuts = compile_batch(nxt)
+            for t, p in batch:
+                try:
+                    tell(t, objective.execute(t, p))
+                except optuna.TrialPruned:
+                    tell(t, state=TrialState.PRUNED)
+                except TrialFailed:
+                    tell(t, state=TrialState.FAIL)
+            batch, futs = nxt, nfuts
+            if not batch and finished_count(study) < total and _running_count(study) == 0:
+                batch = ask_batch()           # trials retried by a heartbeat (re-queued) may remain
+                futs = compile_batch(batch)
+    finally:
+        stop.set()
+        with lock:
+            left = list(inflight.values())
+        for t in left:                        # interrupted: say why, like a dead worker's trial
+            try:
+                storage.set_trial_user_attr(t._trial_id, "fail_reason", "search interrupted")
+                study.tell(t, state=TrialState.FAIL)
+            except Exception:
+                pass
 
 
 def _worker_entry(s: Setup, total: int, timeout: float, sampler: str, seed, index: int, gpu_env: bool,
-                  target, payload_extra) -> None:
+                  target, payload_extra, ahead=None, compile_processes=None, compile_target=None) -> None:
     try:
-        run_worker(s, total, timeout, sampler, seed, index, gpu_env, target, payload_extra)
+        run_worker(s, total, timeout, sampler, seed, index, gpu_env, target, payload_extra, ahead,
+                   compile_processes, compile_target)
     except KeyboardInterrupt:
         pass
 
 
 # ---- compile ahead -------------------------------------------------------------------------------------
-def precompile(model_spec: str, configs, processes: int | None = None, timeout: float = 600.0) -> dict[tuple, str]:
-    """Compile one kernel per distinct EngineConfig.compile_key() among `configs`, in parallel isolated
-    processes (a pool sized to the CPU cores), through kog.engine.monokernel.precompile(model_cfg,
-    engine_cfg) when the engine has it. Returns {compile_key: "ok" | reason}; {} without the hook.
-    Configs with equal keys (mapping, wait granularity, ctas_per_sm differ) reuse one compiled kernel."""
-    try:
-        from kog.engine import monokernel  # type: ignore[attr-defined]
-        if not hasattr(monokernel, "precompile"):
-            return {}
-    except Exception:
-        return {}
-    from concurrent.futures import ThreadPoolExecutor
-    from kog.tune.isolation import run_isolated
+def kernel_key(cfg) -> tuple:
+    """What decides the compiled kernel: EngineConfig.compile_key(), plus the register cap the NVIDIA
+    launcher derives from ctas_per_sm x num_warps (maxnreg is a compile option, so ctas_per_sm 2, 3, 4
+    are three kernels there even though compile_key() leaves ctas_per_sm out)."""
+    regs = min(255, (65536 // (cfg.ctas_per_sm * cfg.num_warps * 32)) // 8 * 8)
+    return tuple(cfg.compile_key()) + (regs,)
+
+
+def precompile(model_spec: str, configs, processes: int | None = None, timeout: float = 600.0,
+               payload_extra: dict[str, Any] | None = None, pool=None, on_done=None,
+               envs: list[dict[str, str] | None] | None = None):
+    """Compile one kernel per distinct kernel_key() among `configs`, in parallel warm worker processes (a
+    pool sized to the CPU cores; compile only: kog.tune.objective.precompile_one runs nothing on the GPU).
+    Configs with equal keys (mapping, wait granularity) reuse one compiled kernel through Triton's cache.
+
+    Blocking (on_done None): returns {kernel_key: "ok" | reason}. With on_done(key, outcome): returns at
+    once with the list of futures; on_done is called from the pool's threads as each key is compiled
+    (record_sweep measures a key's configs as soon as their kernel is ready). Pass `pool` to reuse one."""
+    from kog.tune.isolation import WorkerPool
+    from kog.tune.objective import COMPILE_TARGET
     by_key: dict[tuple, Any] = {}
     for c in configs:
-        by_key.setdefault(c.compile_key(), c)
-    n = processes or os.cpu_count() or 1
-
-    def one(item):
-        key, cfg = item
-        out = run_isolated("kog.tune.objective:precompile_one", {"model": model_spec, "config": cfg.to_dict()},
-                           timeout)
-        return key, ("ok" if out.ok else out.reason)
-
-    with ThreadPoolExecutor(max_workers=n) as ex:
-        return dict(ex.map(one, by_key.items()))
+        by_key.setdefault(kernel_key(c), c)
+    own = pool is None
+    if own:
+        n = min(processes or default_compile_processes(), max(1, len(by_key)))
+        pool = WorkerPool(n, envs if envs else None, "compile")
+    jobs = [(k, COMPILE_TARGET, {"model": model_spec, "config": c.to_dict(), **(payload_extra or {})})
+            for k, c in by_key.items()]
+    futs = pool.submit_all(jobs, timeout, on_done=on_done)
+    if on_done is not None:
+        return futs
+    try:
+        return {k: ("ok" if o.ok else o.reason) for k, o in (f.result() for f in futs)}
+    finally:
+        if own:
+            pool.close()
 
 
 def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -392,20 +563,24 @@ def cli_search(args) -> int:
         design = initial_design(s, min(args.trials, 8), seed or 0)
         for p in design:
             study.enqueue_trial(p, skip_if_exists=True)
-        if s.backend == "gpu":
-            from kog.tune.space import config_from_params
-            precompile(s.model_spec, [config_from_params(p) for p in design])
     gpu_env = s.backend == "gpu" and args.workers > 1
     target = getattr(args, "target", None)
     extra = getattr(args, "payload_extra", None)
+    # the first batch of each worker (the queued initial design) is compiled ahead by optimize_ahead
+    ahead = getattr(args, "ahead", None)
+    cproc = getattr(args, "compile_processes", None)
+    if cproc is None and args.workers > 1:
+        cproc = max(1, default_compile_processes() // args.workers)
+    ctarget = getattr(args, "compile_target", None)
     console_err = _console()
     t0 = time.time()
     if args.workers == 1:
-        _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err)
+        _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err, ahead, cproc, ctarget)
     else:
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=_worker_entry, args=(s, args.trials, args.timeout, args.sampler, seed, i,
-                                                           gpu_env, target, extra), daemon=False)
+                                                           gpu_env, target, extra, ahead, cproc, ctarget),
+                             daemon=False)
                  for i in range(args.workers)]
         for p in procs:
             p.start()
@@ -434,7 +609,8 @@ def _best_text(study) -> str:
         return "best -"
 
 
-def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console) -> None:
+def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console, ahead=None, cproc=None,
+                       ctarget=None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, disable=not console.is_terminal) as prog:
@@ -449,7 +625,8 @@ def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console) ->
         th = threading.Thread(target=poll, daemon=True)
         th.start()
         try:
-            run_worker(s, args.trials, args.timeout, args.sampler, seed, 0, gpu_env, target, extra)
+            run_worker(s, args.trials, args.timeout, args.sampler, seed, 0, gpu_env, target, extra, ahead, cproc,
+                       ctarget)
         finally:
             stop.set()
             th.join()

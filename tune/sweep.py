@@ -54,15 +54,46 @@ def sweep_path(device_name: str, model_name: str, simulated: bool) -> Path:
     return DATA_DIR / f"{'sim-' if simulated else ''}{slug(device_name)}-{slug(model_name)}-sweep.parquet"
 
 
+def _write_table(rows: list[dict[str, Any]], path: Path, backend: str, name: str, model_name: str):
+    """The table so far, written atomically (a kill mid-write leaves the previous version)."""
+    import os
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    df["backend"] = backend
+    df["device"] = name
+    df["model"] = model_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".csv":
+        df.to_csv(tmp, index=False)
+    else:
+        df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return df
+
+
 def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None = None,
                  timeout: float = 120.0, isolate: bool | None = None, sub: dict[str, list[Any]] | None = None,
-                 payload_extra: dict[str, Any] | None = None, progress: bool = True):
-    """Measure (or simulate) every config of the sub-space; write the table; return (path, DataFrame)."""
-    import pandas as pd
-    from kog.tune.isolation import run_isolated
-    from kog.tune.objective import TARGETS, sim_trial
+                 payload_extra: dict[str, Any] | None = None, progress: bool = True, workers: int = 1,
+                 deadline: float | None = None, checkpoint_every: int = 10, compile_processes: int | None = None,
+                 target: str | None = None, compile_target: str | None = None, stats: dict | None = None):
+    """Measure (or simulate) every config of the sub-space; write the table; return (path, DataFrame).
+
+    Isolated trials run in `workers` warm worker processes (one per GPU: worker i sees GPU i when
+    workers > 1), restarted after any failure that may have poisoned them. On the GPU the distinct kernels
+    compile in parallel processes first-come-first-served, and each config is measured as soon as its
+    kernel is ready, so compiling overlaps measuring. The table is rewritten every `checkpoint_every`
+    configs (partial results survive a kill). Past `deadline` (time.time()) no new config starts: the rest
+    are rows with status 'skipped'. `stats` (a dict) receives timings: precompile_s, per-trial walls, starts.
+    `target` / `compile_target` override the child functions (tests)."""
+    import queue
+    import threading
+    import time
+    from kog.tune.isolation import WarmWorker, WorkerPool
+    from kog.tune.objective import COMPILE_TARGET, TARGETS, sim_trial
     from kog.tune.scan_model import load_scan
     from kog.tune.space import Infeasible, check, resolve_model_config, residency_fn
+    t_start = time.time()
     model = resolve_model_config(model_spec)
     if backend == "gpu":
         from kog.probe.device import require_gpu
@@ -72,47 +103,121 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
         scan = load_scan()
         name, sms = scan.device_name, scan.sms
     isolate = (backend == "gpu") if isolate is None else isolate
+    path = Path(out) if out else sweep_path(name, model.name, simulated=backend == "sim")
     rows = enumerate_subspace(sub)
     cfgs = [to_engine_config(r) for r in rows]
-    if backend == "gpu":
-        from kog.tune.search import precompile
-        precompile(model_spec, cfgs)
     maxc = residency_fn(backend)
-    out_rows = []
+    recs: list[dict[str, Any] | None] = [None] * len(rows)
+    valid: list[int] = []
     for i, (r, cfg) in enumerate(zip(rows, cfgs)):
-        rec: dict[str, Any] = {**r, "tok_per_s": float("nan"), "status": "ok", "fail_reason": ""}
         try:
             check(cfg, model, sms, maxc)
+            valid.append(i)
         except Infeasible as e:
-            rec.update(status="invalid", fail_reason=str(e))
-            out_rows.append(rec)
-            continue
-        payload = {"model": model_spec, "config": cfg.to_dict(), **(payload_extra or {})}
-        if isolate:
-            o = run_isolated(TARGETS[backend], payload, timeout)
-            if o.ok:
-                rec["tok_per_s"] = o.value
-            else:
-                rec.update(status=o.status, fail_reason=o.reason)
-        else:
-            try:
-                rec["tok_per_s"] = sim_trial(payload, lambda s, v: None)["value"]
-            except Exception as e:
-                rec.update(status="error", fail_reason=f"{type(e).__name__}: {e}")
-        out_rows.append(rec)
+            recs[i] = {**r, "tok_per_s": float("nan"), "status": "invalid", "fail_reason": str(e)}
+    st = stats if stats is not None else {}
+    st.update(configs=len(rows), valid=len(valid), trial_wall_s=[], worker_starts=0, precompile_s=None,
+              kernels=0, compile_failures={})
+    lock = threading.Lock()
+    done = [0]
+
+    def finish(i: int, rec: dict[str, Any]) -> None:
+        with lock:
+            recs[i] = rec
+            done[0] += 1
+            n = done[0]
+            if checkpoint_every and n % checkpoint_every == 0:
+                _write_table([r for r in recs if r is not None], path, backend, name, model.name)
         if progress:
-            print(f"[{i + 1}/{len(rows)}] {json.dumps(r)} -> {rec['tok_per_s']:.1f} {rec['fail_reason']}",
+            print(f"[{n}/{len(valid)}] {json.dumps(rows[i])} -> {rec['tok_per_s']:.1f} {rec['fail_reason']}",
                   file=sys.stderr, flush=True)
-    df = pd.DataFrame(out_rows)
-    df["backend"] = backend
-    df["device"] = name
-    df["model"] = model.name
-    path = Path(out) if out else sweep_path(name, model.name, simulated=backend == "sim")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".csv":
-        df.to_csv(path, index=False)
+
+    ready: "queue.Queue[int]" = queue.Queue()
+    pool = None
+    ctarget = compile_target or (COMPILE_TARGET if backend == "gpu" else None)
+    if isolate and ctarget is not None and valid:
+        from kog.tune.search import default_compile_processes, kernel_key
+        groups: dict[tuple, list[int]] = {}
+        for i in valid:
+            groups.setdefault(kernel_key(cfgs[i]), []).append(i)
+        st["kernels"] = len(groups)
+        n = min(compile_processes or default_compile_processes(), len(groups))
+        envs = [{"CUDA_VISIBLE_DEVICES": str(j % workers)} if workers > 1 else None for j in range(n)]
+        pool = WorkerPool(n, envs, "compile")
+        left = [len(groups)]
+        t_pc = time.time()
+
+        def compiled(key, o) -> None:
+            if not o.ok:
+                st["compile_failures"][str(key)] = o.reason   # the trial reproduces it, with its status
+            for i in groups[key]:
+                ready.put(i)
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    st["precompile_s"] = round(time.time() - t_pc, 2)
+
+        jobs = [(k, ctarget, {"model": model_spec, "config": cfgs[g[0]].to_dict(), **(payload_extra or {})})
+                for k, g in groups.items()]
+        pool.submit_all(jobs, max(timeout, 600.0), on_done=compiled)
     else:
-        df.to_parquet(path, index=False)
+        for i in valid:
+            ready.put(i)
+
+    def measure(w: WarmWorker | None) -> None:
+        while True:
+            with lock:
+                if done[0] + taken[0] >= len(valid):
+                    return
+            if deadline is not None and time.time() >= deadline:
+                return
+            try:
+                i = ready.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            with lock:
+                taken[0] += 1
+            rec: dict[str, Any] = {**rows[i], "tok_per_s": float("nan"), "status": "ok", "fail_reason": ""}
+            payload = {"model": model_spec, "config": cfgs[i].to_dict(), **(payload_extra or {})}
+            if w is not None:
+                o = w.run(target or TARGETS[backend], payload, timeout)
+                st["trial_wall_s"].append(round(o.wall_s, 3))
+                if o.ok:
+                    rec["tok_per_s"] = o.value
+                else:
+                    rec.update(status=o.status, fail_reason=o.reason)
+            else:
+                try:
+                    rec["tok_per_s"] = sim_trial(payload, lambda s, v: None)["value"]
+                except Exception as e:
+                    rec.update(status="error", fail_reason=f"{type(e).__name__}: {e}")
+            with lock:
+                taken[0] -= 1
+            finish(i, rec)
+
+    taken = [0]
+    measurers = [WarmWorker({"CUDA_VISIBLE_DEVICES": str(j)} if workers > 1 else None, f"measure-{j}")
+                 if isolate else None for j in range(max(1, workers))]
+    try:
+        threads = [threading.Thread(target=measure, args=(w,), daemon=True) for w in measurers]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        if pool is not None:
+            pool.close()
+        for w in measurers:
+            if w is not None:
+                st["worker_starts"] += w.starts
+                w.close()
+    for i, r in enumerate(rows):
+        if recs[i] is None:
+            recs[i] = {**r, "tok_per_s": float("nan"), "status": "skipped",
+                       "fail_reason": "not measured: the sweep's wall budget was spent"}
+    df = _write_table(recs, path, backend, name, model.name)   # type: ignore[arg-type]
+    st["sweep_s"] = round(time.time() - t_start, 2)
+    st["measured"] = int((df["status"] != "skipped").sum() - (df["status"] == "invalid").sum())
     return path, df
 
 
@@ -124,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1, help="warm measuring workers (one per GPU)")
     a = ap.parse_args(argv)
-    path, df = record_sweep(a.model, a.backend, a.out, a.timeout,
+    path, df = record_sweep(a.model, a.backend, a.out, a.timeout, workers=a.workers,
                             payload_extra={"tokens": a.tokens, "repeats": a.repeats})
     ok = df["tok_per_s"].notna().sum()
     print(f"{len(df)} configs, {ok} measured, best {df['tok_per_s'].max():.1f} tok/s -> {path}")

@@ -1,7 +1,15 @@
-"""The child side of kog.tune.isolation: `python -m kog.tune.worker` runs one trial and exits.
+"""The child side of kog.tune.isolation.
+
+    python -m kog.tune.worker            one job: reads ONE JSON job on stdin, runs it, exits
+    python -m kog.tune.worker --serve    warm: reads one JSON job per line, runs them one after another
 
 Protocol (JSON lines on stdout, see isolation.py). Anything the target prints goes to stderr, so stdout
-carries only protocol lines.
+carries only protocol lines. In --serve mode every report() waits for the parent's one-line answer
+({"prune": bool}); a prune raises TrialPruned inside the target, so a pruned trial ends with a clean
+{"event": "pruned"} and the process (its CUDA context, its cached weights) serves the next job.
+
+CACHE is a per-process dict the targets use to keep expensive state between the jobs of a warm worker
+(random weights on the GPU, reference logits); in one-job mode it simply starts empty every time.
 """
 from __future__ import annotations
 
@@ -10,24 +18,27 @@ import json
 import math
 import os
 import sys
+import threading
+from typing import Any, Callable
+
+CACHE: dict[Any, Any] = {}
 
 
-def main() -> int:
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)                     # a library printing to stdout cannot break the protocol
-    sys.stdout = sys.stderr
+class TrialPruned(Exception):
+    """The parent asked to stop this trial after an intermediate report (warm mode)."""
 
-    def emit(obj) -> None:
-        proto.write(json.dumps(obj, default=_jsonable) + "\n")
-        proto.flush()
 
+def run_job(job: dict[str, Any], emit: Callable[[dict], None],
+            answer: Callable[[], dict] | None = None) -> bool:
+    """Run one job; emit its intermediate and final lines. Returns True when it produced a result."""
     try:
-        job = json.loads(sys.stdin.read())
         mod, fn = job["target"].split(":")
         target = getattr(importlib.import_module(mod), fn)
 
         def report(step: int, value: float) -> None:
             emit({"event": "intermediate", "step": int(step), "value": float(value)})
+            if answer is not None and answer().get("prune"):
+                raise TrialPruned(f"pruned after step {int(step)} ({float(value):.1f})")
 
         res = target(job.get("payload") or {}, report)
         if isinstance(res, dict):
@@ -38,10 +49,69 @@ def main() -> int:
         if value is None or not math.isfinite(float(value)):
             raise ValueError(f"objective returned a non-finite value {value!r}")
         emit({"event": "result", "value": float(value), **extra})
-        return 0
+        return True
+    except TrialPruned as e:
+        emit({"event": "pruned", "message": str(e)})
+        return False
     except BaseException as e:  # noqa: BLE001 - every failure becomes one protocol line
         emit({"event": "error", "type": type(e).__name__, "message": str(e)[:1000]})
-        return 1
+        return False
+
+
+def _exit_with_parent() -> None:
+    """A warm worker lives in its own session (so a hang can be killed with its group): if the process
+    that started it dies (kill -9), nothing else would stop it, so it stops itself."""
+    ppid = os.getppid()
+
+    def watch() -> None:
+        import time
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != ppid:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)                     # a library printing to stdout cannot break the protocol
+    sys.stdout = sys.stderr
+
+    def emit(obj) -> None:
+        proto.write(json.dumps(obj, default=_jsonable) + "\n")
+        proto.flush()
+
+    if "--serve" not in argv:
+        try:
+            job = json.loads(sys.stdin.read())
+        except BaseException as e:  # noqa: BLE001
+            emit({"event": "error", "type": type(e).__name__, "message": str(e)[:1000]})
+            return 1
+        return 0 if run_job(job, emit) else 1
+
+    _exit_with_parent()
+    stdin = sys.stdin
+
+    def answer() -> dict:
+        ln = stdin.readline()
+        if not ln:
+            raise SystemExit(0)       # the parent went away
+        return json.loads(ln)
+
+    while True:
+        ln = stdin.readline()
+        if not ln:
+            return 0                  # EOF: the parent closed us
+        if not ln.strip():
+            continue
+        try:
+            job = json.loads(ln)
+        except ValueError as e:
+            emit({"event": "error", "type": "ProtocolError", "message": str(e)[:300]})
+            continue
+        run_job(job, emit, answer)
 
 
 def _jsonable(o):
