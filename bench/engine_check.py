@@ -160,9 +160,11 @@ def _():
     if "--quick" in sys.argv:
         return {}
     out = {}
-    grid = [dict(), dict(mode="grid"), dict(attn_block=32), dict(mode="grid", mapping="contiguous"),
-            dict(mapping="contiguous"), dict(bn_gate_up=8), dict(ctas_per_sm=3, bn_qkv=4, bn_o=4, bn_down=4, bn_lm=4),
-            dict(attn_block=128)]
+    B4 = dict(bn_qkv=4, bn_o=4, bn_gate_up=4, bn_down=4, bn_lm=4)
+    B16 = dict(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=16)
+    grid = [dict(), dict(mode="grid"), dict(block_k=1024), dict(mode="grid", block_k=1024), dict(B4),
+            dict(B4, ctas_per_sm=3), dict(B4, block_k=1024, ctas_per_sm=3), dict(B4, block_k=1024, ctas_per_sm=4),
+            dict(B16, block_k=512), dict(block_k=512, ctas_per_sm=3), dict(mode="grid", **B4)]
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:
@@ -183,6 +185,17 @@ def _():
                 out["best-" + mode] = {"error": repr(e)[:500]}
             print("best", mode, json.dumps(out["best-" + mode], default=str)[:1500], flush=True)
             save()
+    # --store-best DIR: the best targeted config goes to a tuned-config store there (when it beats the
+    # default measured in this sweep), so a `kogtune bench` run with KOG_TUNED_DIR=DIR uses it
+    if "--store-best" in sys.argv and "best-targeted" in out and "config" in out["best-targeted"]:
+        import torch as _t
+        from kog.tune.store import save_best
+        os.environ["KOG_TUNED_DIR"] = sys.argv[sys.argv.index("--store-best") + 1]
+        g = out["best-targeted"]["config"]
+        cfg, _ = llama_1b()
+        save_best(_t.cuda.get_device_name(0), cfg, EngineConfig(**g), out["best-targeted"]["tok_s"],
+                  source={"backend": "gpu", "from": "bench/engine_check.py sweep"}, only_if_better=False)
+        out["stored"] = g
     return out
 
 

@@ -237,6 +237,9 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
         for attr in ("compile_seconds", "note", "cache_implementation"):
             if getattr(sysobj, attr, None) not in (None, ""):
                 rec[attr] = getattr(sysobj, attr)
+        ecfg = getattr(sysobj, "ecfg", None)
+        if ecfg is not None and hasattr(ecfg, "to_dict"):
+            rec["engine_config"] = ecfg.to_dict()       # which tiling/mapping the figure belongs to
     except Exception as e:
         msg = str(e) if isinstance(e, NotBuiltError) else f"{type(e).__name__}: {e}"
         rec = {"error": msg.splitlines()[0][:500] if msg else type(e).__name__, "tok_per_s": None,

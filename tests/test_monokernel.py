@@ -85,3 +85,10 @@ def test_a_wait_that_can_never_complete_is_an_error_not_a_hang():
     mk.target[mk.plan.layout[1, 0]] = 10_000          # layer 1's first qkv counter
     with pytest.raises(MonokernelError, match=r"qkv of layer 1.*task \d+ \(attn layer 1"):
         mk.generate([5, 6, 7], 2)
+
+
+def test_block_k_not_dividing_the_rows():
+    """K chunks that overhang the matrices (block_k 128 > hidden 64): the masked first-chunk and in-task
+    loads must read nothing past a row."""
+    ref, got, err = run_both(TINY, torch.float32, SMALL_TILES.replace(block_k=128, bn_lm=16), [5, 17, 33, 2])
+    assert got == ref and err < 1e-4
