@@ -127,3 +127,50 @@ def test_replay_bad_input(tmp_path, capsys):
     bad = tmp_path / "x.csv"
     bad.write_text("a,b\n1,2\n")
     assert main(["replay", str(bad)]) == 2
+
+
+def test_search_compiles_ahead_in_warm_workers(env):
+    """The gpu path of `kogtune search` (ask a few, compile their kernels in a pool, measure in one warm
+    worker) with the simulator: a trial whose kernel was not compiled before it is measured fails."""
+    from kog.tune.search import cli_search
+    log = env / "compiled.jsonl"
+    log.write_text("")
+    a = argparse.Namespace(model="llama-3.2-1b", trials=10, study="ahead", storage=None, sampler="tpe",
+                           backend="sim", workers=1, timeout=30.0, runs_dir=str(env / "runs"), json=True, seed=1,
+                           target="kog.tune._fakes:sim_if_compiled", payload_extra={"log": str(log)},
+                           ahead=3, compile_processes=2, compile_target="kog.tune._fakes:record_compile")
+    assert cli_search(a) == 0
+    ts = _study(env, "ahead").trials
+    assert len(ts) == 10 and not [t for t in ts if t.state == optuna.trial.TrialState.RUNNING]
+    assert not [t for t in ts if t.state == optuna.trial.TrialState.FAIL], [t.user_attrs for t in ts]
+    measured = [t for t in ts if "wall_s" in t.user_attrs]
+    assert len(measured) >= 5
+    assert sum(t.user_attrs["fresh_worker"] for t in measured) == 1     # one warm worker served them all
+    keys = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert len(keys) == len({json.dumps(k) for k in keys})               # each kernel compiled once
+
+
+def test_sweep_warm_overlapped_with_compile_and_checkpointed(tmp_path):
+    """record_sweep's gpu path with the simulator: every config measured after its kernel compiled, the
+    table checkpointed as it goes, and a wall budget that stops it cleanly with 'skipped' rows."""
+    import pandas as pd
+    from kog.tune.sweep import record_sweep
+    log = tmp_path / "compiled.jsonl"
+    log.write_text("")
+    sub = {"mode": ["targeted", "grid"], "ctas_per_sm": [2, 3], "block_k": [1024, 2048], "mapping":
+           ["round-robin", "contiguous"]}
+    stats: dict = {}
+    path, df = record_sweep("llama-3.2-1b", "sim", tmp_path / "s.parquet", 30, isolate=True, sub=sub,
+                            payload_extra={"log": str(log), "compile_s": 0.2}, progress=False,
+                            checkpoint_every=4, compile_processes=2, target="kog.tune._fakes:sim_if_compiled",
+                            compile_target="kog.tune._fakes:record_compile", stats=stats)
+    assert len(df) == 16 and (df["status"] == "ok").all(), df[["status", "fail_reason"]]
+    assert stats["kernels"] == 8 and stats["worker_starts"] == 1 and len(stats["trial_wall_s"]) == 16
+    assert pd.read_parquet(path)["tok_per_s"].notna().sum() == 16
+    import time
+    path, df = record_sweep("llama-3.2-1b", "sim", tmp_path / "b.parquet", 30, isolate=True, sub=sub,
+                            payload_extra={"log": str(log), "trial_s": 0.4}, progress=False,
+                            compile_processes=2, target="kog.tune._fakes:sim_if_compiled",
+                            compile_target="kog.tune._fakes:record_compile", deadline=time.time() + 3.0)
+    assert len(df) == 16 and 0 < (df["status"] == "skipped").sum() < 16
+    assert (df.loc[df["status"] != "skipped", "status"] == "ok").all()

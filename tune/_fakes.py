@@ -120,6 +120,7 @@ def sim_if_compiled(payload, report):
         done = [json.loads(ln) for ln in f if ln.strip()]
     if key not in done:
         raise LaunchError(f"kernel {key} was not compiled ahead")
+    time.sleep(float(payload.get("trial_s", 0.0)))
     out = sim_trial(payload, report)
     out["pid"] = os.getpid()
     return out

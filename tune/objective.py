@@ -16,6 +16,7 @@ measurement to trial.report()/should_prune(), and turns every failure into a FAI
 """
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -101,11 +102,35 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
     return st
 
 
+def sm_partition(payload: dict[str, Any]) -> dict[int, int] | None:
+    """SM id -> L2 partition from a kogprobe scan (the payload's 'scan' directory, else this GPU's latest
+    scan or the bundled one when its device name matches): what mapping='topology' is built from. None
+    without one (the engine then refuses topology with its own one-line ConfigError)."""
+    from kog.tune.worker import CACHE
+    key = ("sm_partition", payload.get("scan"))
+    if key not in CACHE:
+        CACHE[key] = None
+        try:
+            import torch
+            from kog.tune.scan_model import find_scan_dir
+            from pathlib import Path
+            name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+            d = Path(payload["scan"]) if payload.get("scan") else (find_scan_dir(name) if name else None)
+            summ = json.loads((d / "summary.json").read_text()) if d is not None else {}
+            parts = summ.get("l2_partitions")
+            if parts and (payload.get("scan") or summ.get("device") in (None, name)):
+                CACHE[key] = {int(sm): i for i, lst in enumerate(parts) for sm in lst}
+        except Exception:
+            pass
+    return CACHE[key]
+
+
 def _build(payload: dict[str, Any], st: dict[str, Any]):
     from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
     cfg = EngineConfig.from_dict(payload["config"])
+    part = sm_partition(payload) if cfg.mapping == "topology" else None
     mk = Monokernel(st["model"], st["weights"], cfg, payload.get("device", "cuda"),
-                    max_seq=int(_opt(payload, "max_seq")))
+                    max_seq=int(_opt(payload, "max_seq")), sm_partition=part)
     mk.n_eos = 0            # as `kogtune bench`: an EOS drawn from random weights must not end a timed run
     return mk
 

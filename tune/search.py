@@ -33,6 +33,8 @@ def quiet_optuna() -> None:
     import optuna
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+    # optimize_ahead keeps the heartbeat itself (ask/tell), which Optuna warns about
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     # a failed trial is reported by kog with its reason; Optuna's per-trial tracebacks would bury it
     optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -287,13 +289,15 @@ class _Tagged:
 def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, seed: int | None,
                worker_index: int = 0, gpu_env: bool = False, target: str | None = None,
                payload_extra: dict[str, Any] | None = None, ahead: int | None = None,
-               compile_processes: int | None = None, compile_target: str | None = None) -> None:
+               compile_processes: int | None = None, compile_target: str | None = None,
+               deadline: float | None = None) -> None:
     """One worker: optimize until the study holds `total_trials` finished trials.
 
     Trials run in one warm worker process (isolation.WarmWorker; restarted after a crash, hang, OOM or
     CUDA error). With ahead > 0 (default for --backend gpu: AHEAD) the trials are asked `ahead` at a time
     and the kernels of the next batch compile in parallel processes while this batch is measured
-    (optimize_ahead); ahead 0 is Optuna's plain one-trial-at-a-time optimize()."""
+    (optimize_ahead); ahead 0 is Optuna's plain one-trial-at-a-time optimize(). Past `deadline`
+    (time.time(); optimize_ahead only) no new trial is asked: the search ends with fewer trials."""
     import optuna
     from optuna.study import MaxTrialsCallback
     from kog.tune.isolation import WarmWorker, WorkerPool
@@ -320,7 +324,8 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
                 pool = WorkerPool(n, [env] * n, f"compile-{worker_index}")
             try:
                 optimize_ahead(study, _Tagged(Objective(ctx)), total_trials, ahead, pool, ctarget,
-                               s.model_spec, payload_extra or {}, timeout=max(timeout, 600.0))
+                               s.model_spec, payload_extra or {}, timeout=max(timeout, 600.0),
+                               deadline=deadline)
             finally:
                 if pool is not None:
                     pool.close()
@@ -332,12 +337,12 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
         runner.close()
 
 
-AHEAD = 6        # trials asked (and compiled) ahead per batch in a gpu search
+AHEAD = 8        # trials asked (and compiled) ahead per batch in a gpu search
 
 
 def default_compile_processes() -> int:
-    """Parallel compile processes: the CPU cores, less one for the measuring worker (16 on the H200 host)."""
-    return max(1, min(16, (os.cpu_count() or 2) - 1))
+    """Parallel compile processes: the CPU cores less two (the measuring worker, the study process)."""
+    return max(1, min(16, (os.cpu_count() or 3) - 2))
 
 
 def _running_count(study) -> int:
@@ -346,7 +351,8 @@ def _running_count(study) -> int:
 
 
 def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_target: str | None,
-                   model_spec: str, payload_extra: dict[str, Any], timeout: float = 600.0) -> None:
+                   model_spec: str, payload_extra: dict[str, Any], timeout: float = 600.0,
+                   deadline: float | None = None) -> None:
     """study.optimize with compilation ahead: ask `ahead` trials, compile their distinct kernels in the
     pool (compile only, nothing runs on the GPU), and while batch i is measured one by one in the warm
     worker, batch i+1 is asked (constant-liar TPE sees batch i as running) and compiled. Stops when the
@@ -388,6 +394,8 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
                 inflight.pop(t._trial_id, None)
 
     def ask_batch() -> list[tuple[Any, dict[str, Any]]]:
+        if deadline is not None and time.time() >= deadline:
+            return []
         n = min(ahead, total - finished_count(study) - _running_count(study))
         batch = []
         for _ in range(max(0, n)):
@@ -457,10 +465,11 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
 
 
 def _worker_entry(s: Setup, total: int, timeout: float, sampler: str, seed, index: int, gpu_env: bool,
-                  target, payload_extra, ahead=None, compile_processes=None, compile_target=None) -> None:
+                  target, payload_extra, ahead=None, compile_processes=None, compile_target=None,
+                  deadline=None) -> None:
     try:
         run_worker(s, total, timeout, sampler, seed, index, gpu_env, target, payload_extra, ahead,
-                   compile_processes, compile_target)
+                   compile_processes, compile_target, deadline)
     except KeyboardInterrupt:
         pass
 
@@ -572,14 +581,17 @@ def cli_search(args) -> int:
     if cproc is None and args.workers > 1:
         cproc = max(1, default_compile_processes() // args.workers)
     ctarget = getattr(args, "compile_target", None)
+    deadline = getattr(args, "deadline", None)      # time.time() after which no trial starts (scripts)
     console_err = _console()
     t0 = time.time()
     if args.workers == 1:
-        _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err, ahead, cproc, ctarget)
+        _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err, ahead, cproc, ctarget,
+                           deadline)
     else:
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=_worker_entry, args=(s, args.trials, args.timeout, args.sampler, seed, i,
-                                                           gpu_env, target, extra, ahead, cproc, ctarget),
+                                                           gpu_env, target, extra, ahead, cproc, ctarget,
+                                                           deadline),
                              daemon=False)
                  for i in range(args.workers)]
         for p in procs:
@@ -610,7 +622,7 @@ def _best_text(study) -> str:
 
 
 def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console, ahead=None, cproc=None,
-                       ctarget=None) -> None:
+                       ctarget=None, deadline=None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, disable=not console.is_terminal) as prog:
@@ -626,7 +638,7 @@ def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console, ah
         th.start()
         try:
             run_worker(s, args.trials, args.timeout, args.sampler, seed, 0, gpu_env, target, extra, ahead, cproc,
-                       ctarget)
+                       ctarget, deadline)
         finally:
             stop.set()
             th.join()

@@ -138,6 +138,9 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
     if isolate and ctarget is not None and valid:
         from kog.tune.search import default_compile_processes, kernel_key
         groups: dict[tuple, list[int]] = {}
+        dkey = kernel_key(EngineConfig())
+        if any(kernel_key(cfgs[i]) == dkey for i in valid):
+            groups[dkey] = []           # the engine default's kernel first: the baseline is measured early
         for i in valid:
             groups.setdefault(kernel_key(cfgs[i]), []).append(i)
         st["kernels"] = len(groups)
