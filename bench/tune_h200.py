@@ -107,6 +107,11 @@ def main() -> int:
                 "worker_starts": st.get("worker_starts"),
                 "per_trial_s_median": _median(st.get("trial_wall_s")),
                 "per_trial_s_p90": _pct(st.get("trial_wall_s"), 0.9),
+                # in-trial parts: the first launch of each variant (~0 s when the precompiled kernel is hit)
+                "in_trial_median_s": {k: _median(st.get("trial_" + k)) for k in
+                                      ("compile_seconds", "gate_s", "warmup_s", "trial_s")},
+                "in_trial_max_s": {k: max(st.get("trial_" + k) or [0]) for k in
+                                   ("compile_seconds", "gate_s", "warmup_s", "trial_s")},
                 "best": None if best is None else {"params": _params(best.to_dict()),
                                                    "tok_per_s": float(best["tok_per_s"])},
                 "engine_default": drow[0] if drow else None,
@@ -186,7 +191,11 @@ def search_stats(db: Path) -> dict:
     d = [t for t in ts if t.user_attrs.get("config") == dflt and t.state == TrialState.COMPLETE]
     done = [t for t in ts if t.state == TrialState.COMPLETE]
     best = max(done, key=lambda t: t.value) if done else None
+    parts = {k: [t.user_attrs[k] for t in ts if k in t.user_attrs] for k in ("compile_seconds", "gate_s",
+                                                                              "warmup_s", "trial_s")}
     return {"per_trial_s_median": _median(walls), "per_trial_s_p90": _pct(walls, 0.9),
+            "in_trial_median_s": {k: _median(v) for k, v in parts.items()},
+            "in_trial_max_s": {k: max(v) if v else None for k, v in parts.items()},
             "fresh_worker_trials": sum(bool(t.user_attrs.get("fresh_worker")) for t in ts),
             "engine_default_tok_per_s": d[0].value if d else None,
             "best": None if best is None else {"trial": best.number, "tok_per_s": best.value,

@@ -174,3 +174,43 @@ def test_sweep_warm_overlapped_with_compile_and_checkpointed(tmp_path):
                             compile_target="kog.tune._fakes:record_compile", deadline=time.time() + 3.0)
     assert len(df) == 16 and 0 < (df["status"] == "skipped").sum() < 16
     assert (df.loc[df["status"] != "skipped", "status"] == "ok").all()
+
+
+def test_precompile_compiles_each_kernel_once_in_parallel(tmp_path):
+    from kog.engine.engine_config import EngineConfig
+    from kog.tune.search import kernel_key, precompile
+    base = EngineConfig()
+    # mapping / sync_rows / ctas 1-vs-2 (same register cap at 4 warps) share the default's kernel;
+    # ctas 4 (a lower register cap) and block_k 1024 (a constexpr) are kernels of their own
+    cfgs = [base, base.replace(mapping="contiguous"), base.replace(sync_rows=64), base.replace(ctas_per_sm=1),
+            base.replace(ctas_per_sm=4), base.replace(block_k=1024)]
+    assert len({kernel_key(c) for c in cfgs}) == 3
+    log = tmp_path / "c.jsonl"
+    log.write_text("")
+    t = time.monotonic()
+    res = precompile("llama-3.2-1b", cfgs, processes=3, payload_extra={"log": str(log), "compile_s": 2.0},
+                     target="kog.tune._fakes:record_compile")
+    assert time.monotonic() - t < 4.5                  # 3 x 2 s in parallel, not one after another
+    assert sorted(res) == sorted({kernel_key(c) for c in cfgs}) and set(res.values()) == {"ok"}
+    assert len(log.read_text().splitlines()) == 3
+
+
+def test_search_deadline_stops_cleanly(env):
+    from kog.tune.search import cli_search
+    log = env / "compiled.jsonl"
+    log.write_text("")
+    t = time.time()
+    a = argparse.Namespace(model="llama-3.2-1b", trials=200, study="late", storage=None, sampler="random",
+                           backend="sim", workers=1, timeout=30.0, runs_dir=str(env / "runs"), json=True, seed=2,
+                           target="kog.tune._fakes:sim_if_compiled", payload_extra={"log": str(log), "trial_s": 0.3},
+                           ahead=4, compile_processes=2, compile_target="kog.tune._fakes:record_compile",
+                           deadline=t + 3.0)
+    assert cli_search(a) == 0
+    assert time.time() - t < 15
+    ts = _study(env, "late").trials
+    assert not [x for x in ts if x.state == optuna.trial.TrialState.RUNNING]
+    done = [x for x in ts if x.state == optuna.trial.TrialState.COMPLETE]
+    assert 1 <= len(done) < 40
+    for x in ts:
+        if x.state == optuna.trial.TrialState.FAIL:
+            assert "out of time" in x.user_attrs["fail_reason"], x.user_attrs

@@ -144,14 +144,18 @@ def gpu_trial(payload: dict[str, Any], report: Callable[[int, float], None]) -> 
     t_state = time.perf_counter() - t0
     mk = _build(payload, st)
     prompt, forced = st["prompt"], st["forced"]
-    # the gate: teacher-forced logits against the reference
+    # the gate: teacher-forced logits against the reference (the first launch: loads the kernel)
+    t1 = time.perf_counter()
     got = _teacher_forced(mk, prompt, forced).float()
+    gate_s = time.perf_counter() - t1
     ref = st["ref"].to(got.device)
     rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
     if not rel <= MAX_REL_ERR:   # NaN fails too
         raise CorrectnessError(f"max_rel_err {rel:.3g} > {MAX_REL_ERR:g} (teacher-forced logits vs reference)")
     n, short = int(_opt(payload, "tokens")), int(_opt(payload, "short_tokens"))
-    mk.generate(prompt, int(_opt(payload, "warmup_tokens")))        # warm-up
+    t1 = time.perf_counter()
+    mk.generate(prompt, int(_opt(payload, "warmup_tokens")))        # warm-up (the generate variant loads)
+    warmup_s = time.perf_counter() - t1
     _, s = mk.generate(prompt, short)
     report(0, short / s)                                             # short measurement: prunable
     speeds = []
@@ -160,6 +164,7 @@ def gpu_trial(payload: dict[str, Any], report: Callable[[int, float], None]) -> 
         speeds.append(n / s)
     out: dict[str, Any] = {"value": statistics.median(speeds), "max_rel_err": rel, "runs": speeds,
                            "setup_s": round(t_state, 3), "trial_s": round(time.perf_counter() - t0, 3),
+                           "gate_s": round(gate_s, 3), "warmup_s": round(warmup_s, 3),
                            "warm": not fresh}
     for k in ("compile_seconds", "kernel_regs", "kernel_spills"):
         v = getattr(mk, k, None)
@@ -304,7 +309,7 @@ class Objective:
             trial.set_user_attr("fail_kind", out.status)
             raise TrialFailed(out.reason)
         for k in ("breakdown", "max_rel_err", "simulated", "runs", "trial_s", "compile_seconds", "kernel_regs",
-                  "kernel_spills"):
+                  "kernel_spills", "gate_s", "warmup_s"):
             if k in out.data:
                 trial.set_user_attr(k, out.data[k])
         return float(out.value)

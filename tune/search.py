@@ -358,8 +358,10 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
     worker, batch i+1 is asked (constant-liar TPE sees batch i as running) and compiled. Stops when the
     study holds `total` finished trials (counting other processes' running ones, so none overshoots).
     Optuna's heartbeat is kept for every asked trial, so a dead process's trials are failed and re-queued
-    exactly as with optimize()."""
+    exactly as with optimize(). Past `deadline` (time.time()) no trial starts; asked ones are failed with
+    a reason and re-queued (a later run measures them)."""
     import threading
+    from concurrent.futures import wait
     import optuna
     from optuna.trial import TrialState
     from kog.tune.objective import TrialFailed
@@ -436,18 +438,25 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
     try:
         batch = ask_batch()
         futs = compile_batch(batch)
+        def past_deadline() -> bool:
+            return deadline is not None and time.time() >= deadline
+
         while batch:
-            for f in futs:
-                f.result()
+            # its kernels (a slow compile must not eat the budget: past the deadline nothing new starts)
+            wait(futs, timeout=None if deadline is None else max(0.0, deadline - time.time()))
             nxt = ask_batch()                 # ask before measuring: its kernels compile meanwhile
             nfuts = compile_batch(nxt)
             for t, p in batch:
+                if past_deadline():
+                    break                     # the rest are failed and re-queued below (finally)
                 try:
                     tell(t, objective.execute(t, p))
                 except optuna.TrialPruned:
                     tell(t, state=TrialState.PRUNED)
                 except TrialFailed:
                     tell(t, state=TrialState.FAIL)
+            if past_deadline():
+                break
             batch, futs = nxt, nfuts
             if not batch and finished_count(study) < total and _running_count(study) == 0:
                 batch = ask_batch()           # trials retried by a heartbeat (re-queued) may remain
@@ -456,10 +465,13 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
         stop.set()
         with lock:
             left = list(inflight.values())
-        for t in left:                        # interrupted: say why, like a dead worker's trial
+        for t in left:                        # interrupted: FAIL with a reason and re-queue, as a dead worker's
             try:
-                storage.set_trial_user_attr(t._trial_id, "fail_reason", "search interrupted")
+                storage.set_trial_user_attr(t._trial_id, "fail_reason", "search interrupted or out of time: "
+                                            "config re-queued")
                 study.tell(t, state=TrialState.FAIL)
+                if t.params and "retry_of" not in t.user_attrs:
+                    study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
             except Exception:
                 pass
 
@@ -485,14 +497,15 @@ def kernel_key(cfg) -> tuple:
 
 def precompile(model_spec: str, configs, processes: int | None = None, timeout: float = 600.0,
                payload_extra: dict[str, Any] | None = None, pool=None, on_done=None,
-               envs: list[dict[str, str] | None] | None = None):
+               envs: list[dict[str, str] | None] | None = None, target: str | None = None):
     """Compile one kernel per distinct kernel_key() among `configs`, in parallel warm worker processes (a
     pool sized to the CPU cores; compile only: kog.tune.objective.precompile_one runs nothing on the GPU).
     Configs with equal keys (mapping, wait granularity) reuse one compiled kernel through Triton's cache.
 
     Blocking (on_done None): returns {kernel_key: "ok" | reason}. With on_done(key, outcome): returns at
     once with the list of futures; on_done is called from the pool's threads as each key is compiled
-    (record_sweep measures a key's configs as soon as their kernel is ready). Pass `pool` to reuse one."""
+    (record_sweep measures a key's configs as soon as their kernel is ready). Pass `pool` to reuse one.
+    Keys are submitted in the order of their first config. `target` overrides the child function (tests)."""
     from kog.tune.isolation import WorkerPool
     from kog.tune.objective import COMPILE_TARGET
     by_key: dict[tuple, Any] = {}
@@ -502,7 +515,7 @@ def precompile(model_spec: str, configs, processes: int | None = None, timeout: 
     if own:
         n = min(processes or default_compile_processes(), max(1, len(by_key)))
         pool = WorkerPool(n, envs if envs else None, "compile")
-    jobs = [(k, COMPILE_TARGET, {"model": model_spec, "config": c.to_dict(), **(payload_extra or {})})
+    jobs = [(k, target or COMPILE_TARGET, {"model": model_spec, "config": c.to_dict(), **(payload_extra or {})})
             for k, c in by_key.items()]
     futs = pool.submit_all(jobs, timeout, on_done=on_done)
     if on_done is not None:

@@ -136,11 +136,8 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
     pool = None
     ctarget = compile_target or (COMPILE_TARGET if backend == "gpu" else None)
     if isolate and ctarget is not None and valid:
-        from kog.tune.search import default_compile_processes, kernel_key
+        from kog.tune.search import default_compile_processes, kernel_key, precompile
         groups: dict[tuple, list[int]] = {}
-        dkey = kernel_key(EngineConfig())
-        if any(kernel_key(cfgs[i]) == dkey for i in valid):
-            groups[dkey] = []           # the engine default's kernel first: the baseline is measured early
         for i in valid:
             groups.setdefault(kernel_key(cfgs[i]), []).append(i)
         st["kernels"] = len(groups)
@@ -160,9 +157,10 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
                 if left[0] == 0:
                     st["precompile_s"] = round(time.time() - t_pc, 2)
 
-        jobs = [(k, ctarget, {"model": model_spec, "config": cfgs[g[0]].to_dict(), **(payload_extra or {})})
-                for k, g in groups.items()]
-        pool.submit_all(jobs, max(timeout, 600.0), on_done=compiled)
+        dkey = kernel_key(EngineConfig())       # the engine default's kernel first: the baseline early
+        order = sorted(valid, key=lambda i: kernel_key(cfgs[i]) != dkey)
+        precompile(model_spec, [cfgs[i] for i in order], timeout=max(timeout, 600.0),
+                   payload_extra=payload_extra, pool=pool, on_done=compiled, target=ctarget)
     else:
         for i in valid:
             ready.put(i)
@@ -185,6 +183,9 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
             if w is not None:
                 o = w.run(target or TARGETS[backend], payload, timeout)
                 st["trial_wall_s"].append(round(o.wall_s, 3))
+                for k in ("compile_seconds", "gate_s", "warmup_s", "trial_s"):   # a cache miss shows here
+                    if o.data.get(k) is not None:
+                        st.setdefault("trial_" + k, []).append(round(float(o.data[k]), 3))
                 if o.ok:
                     rec["tok_per_s"] = o.value
                 else:
