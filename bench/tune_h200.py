@@ -105,6 +105,8 @@ def main() -> int:
                 "kernels": st.get("kernels"), "compile_failures": len(st.get("compile_failures", {})),
                 "compile_failure_examples": dict(list(st.get("compile_failures", {}).items())[:3]),
                 "worker_starts": st.get("worker_starts"),
+                "measured_while_compiling": st.get("measured_while_compiling"),
+                "recheck_first_config": st.get("recheck"),
                 "per_trial_s_median": _median(st.get("trial_wall_s")),
                 "per_trial_s_p90": _pct(st.get("trial_wall_s"), 0.9),
                 # in-trial parts: the first launch of each variant (~0 s when the precompiled kernel is hit)

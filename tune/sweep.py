@@ -84,7 +84,9 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
     compile in parallel processes first-come-first-served, and each config is measured as soon as its
     kernel is ready, so compiling overlaps measuring. The table is rewritten every `checkpoint_every`
     configs (partial results survive a kill). Past `deadline` (time.time()) no new config starts: the rest
-    are rows with status 'skipped'. `stats` (a dict) receives timings: precompile_s, per-trial walls, starts.
+    are rows with status 'skipped'. `stats` (a dict) receives timings: precompile_s, per-trial walls, starts,
+    how many configs were measured while kernels still compiled, and `recheck`: the first measured config
+    measured again at the end, when nothing compiles beside it (the disturbance of overlapping).
     `target` / `compile_target` override the child functions (tests)."""
     import queue
     import threading
@@ -197,9 +199,18 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
                     rec.update(status="error", fail_reason=f"{type(e).__name__}: {e}")
             with lock:
                 taken[0] -= 1
+                if compiling() and rec["status"] == "ok":
+                    st["measured_while_compiling"] += 1
+                if st.get("recheck") is None and rec["status"] == "ok" and w is not None:
+                    st["recheck"] = {"index": i, "first": rec["tok_per_s"], "first_while_compiling": compiling()}
             finish(i, rec)
 
     taken = [0]
+    st["measured_while_compiling"] = 0
+
+    def compiling() -> bool:
+        return pool is not None and st["precompile_s"] is None
+
     measurers = [WarmWorker({"CUDA_VISIBLE_DEVICES": str(j)} if workers > 1 else None, f"measure-{j}")
                  if isolate else None for j in range(max(1, workers))]
     try:
@@ -208,6 +219,13 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
             th.start()
         for th in threads:
             th.join()
+        rc = st.get("recheck")
+        if rc is not None and measurers[0] is not None and (deadline is None or time.time() < deadline):
+            # the first config again, now that no compile runs beside it: how much compiling disturbed it
+            i = rc["index"]
+            o = measurers[0].run(target or TARGETS[backend], {"model": model_spec, "config": cfgs[i].to_dict(),
+                                                              **(payload_extra or {})}, timeout)
+            rc.update(params=rows[i], again=o.value if o.ok else None, again_status=o.status)
     finally:
         if pool is not None:
             pool.close()
