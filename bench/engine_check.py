@@ -63,7 +63,7 @@ def check(cfg, ecfg, n=8, prompt=None):
 
 @section("small")
 def _():
-    if "--sweep-only" in sys.argv:
+    if "--sweep-only" in sys.argv or "--no-small" in sys.argv:
         return {}
     out = {}
     base = PRESETS["tiny"]
@@ -113,7 +113,7 @@ def perf(ecfg, n=512, repeats=3, trace=True):
     prompt = list(range(100, 164))
     mk = Monokernel(cfg, w, ecfg, max_seq=640, trace_tokens=8 if trace else 0)
     mk.n_eos = 0
-    mk.generate(prompt, 8)            # warm-up: the first launch pays module load and first-touch costs
+    mk.generate(prompt, n)            # warm-up: compile (n's integer specialization too), module load, first touch
     rates = []
     for _ in range(repeats):
         toks, dt = mk.generate(prompt, n)
@@ -155,6 +155,24 @@ def _():
     return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
 
 
+@section("prev_kernel")
+def _():
+    """A/B in the same run: the kernel of the previous commit (bench/kernel_prev.py), same launcher."""
+    if "--prev" not in sys.argv:
+        return {}
+    import importlib.util
+    import kog.engine.kernel as kmod
+    spec = importlib.util.spec_from_file_location("kernel_prev", os.path.join(os.path.dirname(__file__), "kernel_prev.py"))
+    prev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prev)
+    cur = kmod.monokernel
+    kmod.monokernel = prev.monokernel
+    try:
+        return {mode: perf(EngineConfig(mode=mode), n=256, repeats=3, trace=False) for mode in ("targeted", "grid")}
+    finally:
+        kmod.monokernel = cur
+
+
 @section("sweep")
 def _():
     if "--quick" in sys.argv:
@@ -162,9 +180,9 @@ def _():
     out = {}
     B4 = dict(bn_qkv=4, bn_o=4, bn_gate_up=4, bn_down=4, bn_lm=4)
     B16 = dict(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=16)
-    grid = [dict(), dict(mode="grid"), dict(block_k=1024), dict(mode="grid", block_k=1024), dict(B4),
-            dict(B4, ctas_per_sm=3), dict(B4, block_k=1024, ctas_per_sm=3), dict(B4, block_k=1024, ctas_per_sm=4),
-            dict(B16, block_k=512), dict(block_k=512, ctas_per_sm=3), dict(mode="grid", **B4)]
+    grid = [dict(), dict(mode="grid"), dict(block_k=1024), dict(B4), dict(B4, ctas_per_sm=3), dict(B4, mode="grid")]
+    if "--short-sweep" in sys.argv:
+        grid = grid[2:]                 # the defaults were measured by llama1b_perf
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:

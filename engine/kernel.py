@@ -128,29 +128,77 @@ def _timed_wait(cnt_ptr, tgt_ptr, cbase, R, r0, r1, t1, rb, rm, sync_ptr, err_pt
 # barriers and the token hand-off: the HBM stream no longer drains at each task boundary.
 
 @triton.jit
+def _unpack(v, DT: tl.constexpr, E: tl.constexpr):
+    """fp32 values of the E elements packed in each 32-bit word v (E = 2 for 16-bit weights)."""
+    if E == 1:
+        e = v.to(tl.float32, bitcast=True)
+        o = e
+    elif DT == tl.bfloat16:                 # a bf16 is the top half of an fp32: shifts, no conversion
+        e = (v << 16).to(tl.float32, bitcast=True)
+        o = (v & -65536).to(tl.float32, bitcast=True)
+    else:
+        e = (v & 65535).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+        o = (v >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    return e, o
+
+
+@triton.jit
+def _xpair(x_ptr, g_ptr, xo, K: tl.constexpr, r, NORM: tl.constexpr, DT: tl.constexpr, E: tl.constexpr):
+    """The input elements that meet the even (xe) and odd (xodd) halves of the weight words at element
+    offsets xo (RMS-normed as HF does when NORM, with 1/rms = r)."""
+    m = xo < K
+    xe = tl.load(x_ptr + xo, mask=m, other=0.0)
+    if NORM:
+        xe = _rnd(_rnd(xe * r, DT) * tl.load(g_ptr + xo, mask=m, other=0.0), DT)
+    xodd = xe
+    if E == 2:
+        xodd = tl.load(x_ptr + xo + 1, mask=m, other=0.0)
+        if NORM:
+            xodd = _rnd(_rnd(xodd * r, DT) * tl.load(g_ptr + xo + 1, mask=m, other=0.0), DT)
+    return xe, xodd
+
+
+@triton.jit
+def _dotw(v, xe, xodd, DT: tl.constexpr, E: tl.constexpr):
+    """Row sums of (weight words v) . x: [BNC]."""
+    e, o = _unpack(v, DT, E)
+    if E == 2:
+        p = e * xe[None, :] + o * xodd[None, :]
+    else:
+        p = e * xe[None, :]
+    return tl.sum(p, axis=1)
+
+
+@triton.jit
 def _first_chunk(w_ptr, tasks_ptr, tn, ok, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr,
                  BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr,
                  BN_LM: tl.constexpr, BNC: tl.constexpr, HB: tl.constexpr, EVEN: tl.constexpr):
-    """Issue the loads of task tn's first chunk (nothing when not ok or not a GEMV task): (lo, hi)."""
+    """Issue the loads of task tn's first chunk (nothing when not ok or not a GEMV task): (lo, hi) as
+    [BNC, HB/E] 32-bit words. Words, not bf16 elements: a loaded word can be carried to the next task in
+    its register as is, where 16-bit elements get repacked (which waits for the load) on the way."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    E: tl.constexpr = 32 // DT.primitive_bitwidth
+    HW: tl.constexpr = HB // E
+    w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     trow = tasks_ptr + tn * 8
     typ = tl.load(trow, mask=ok, other=6)
-    off = tl.load(trow + 4, mask=ok, other=0).to(tl.int64) * 64
+    off = tl.load(trow + 4, mask=ok, other=0).to(tl.int64) * (64 // E)
     K = tl.where(typ == 2, QS, tl.where(typ == 4, I, H))
     bn = tl.where(typ == 0, BN_QKV, tl.where(typ == 2, BN_O, tl.where(typ == 3, BN_GU,
                   tl.where(typ == 4, BN_DOWN, BN_LM))))
     gu = typ == 3
-    hoff = tl.where(gu, I * H, HB)
+    hoff = tl.where(gu, (I * H) // E, HW)
     use = ok & (typ != 1) & (typ != 6)
     rn = tl.arange(0, BNC)
-    c = tl.arange(0, HB)
-    p = w_ptr + off + (rn.to(tl.int64) * K)[:, None] + c[None, :]
+    c = tl.arange(0, HW)
+    p = w32 + off + (rn.to(tl.int64) * (K // E))[:, None] + c[None, :]
     m = use & (rn < bn)[:, None]
     if EVEN:
-        lo = tl.load(p, mask=m, other=0.0)
-        hi = tl.load(p + hoff, mask=m, other=0.0)
+        lo = tl.load(p, mask=m, other=0)
+        hi = tl.load(p + hoff, mask=m, other=0)
     else:
-        lo = tl.load(p, mask=m & (c < K)[None, :], other=0.0)
-        hi = tl.load(p + hoff, mask=m & (c + tl.where(gu, 0, HB) < K)[None, :], other=0.0)
+        lo = tl.load(p, mask=m & (c * E < K)[None, :], other=0)
+        hi = tl.load(p + hoff, mask=m & (c * E + tl.where(gu, 0, HB) < K)[None, :], other=0)
     return lo, hi
 
 
@@ -165,14 +213,17 @@ def _gemv(w_ptr, w_off, lo, hi, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
     after the gate rows). NORM: x is RMS-normed exactly as HF does (weight * (x * rstd).to(dtype)), which
     needs all of x before the first chunk. Otherwise each chunk waits only for the rows of x it reads."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
+    E: tl.constexpr = 32 // DT.primitive_bitwidth
     HB: tl.constexpr = BK // 2
+    HW: tl.constexpr = HB // E
     STEP: tl.constexpr = HB if GU else BK
-    HOFF: tl.constexpr = UPO if GU else HB
+    HOFF: tl.constexpr = (UPO if GU else HB) // E
     EVEN: tl.constexpr = K % STEP == 0
+    w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     rn = tl.arange(0, BNC)
-    c = tl.arange(0, HB)
+    c = tl.arange(0, HW)
     rmask = (rn < BN)[:, None]
-    rowp = w_ptr + w_off + (rn * K).to(tl.int64)[:, None] + c[None, :]
+    rowp = w32 + w_off // E + (rn * (K // E)).to(tl.int64)[:, None] + c[None, :]
     acc_a = tl.zeros([BNC], dtype=tl.float32)
     acc_b = tl.zeros([BNC], dtype=tl.float32)
     waited = tl.zeros([], dtype=tl.int64)
@@ -181,36 +232,32 @@ def _gemv(w_ptr, w_off, lo, hi, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
         if WAIT:
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, 0, K, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, TRACE, VENDOR)
+        ce = tl.arange(0, HB)
         ss = 0.0
         for k0 in tl.static_range(0, K, HB):
-            xs = tl.load(x_ptr + k0 + c, mask=k0 + c < K, other=0.0)
+            xs = tl.load(x_ptr + k0 + ce, mask=k0 + ce < K, other=0.0)
             ss += tl.sum(xs * xs, axis=0)
         r = 1.0 / tl.sqrt(ss / K + eps)
     for k0 in tl.static_range(0, K, STEP):
         if k0 > 0:
             if EVEN:
-                lo = tl.load(rowp + k0, mask=rmask, other=0.0)
-                hi = tl.load(rowp + HOFF + k0, mask=rmask, other=0.0)
+                lo = tl.load(rowp + k0 // E, mask=rmask, other=0)
+                hi = tl.load(rowp + HOFF + k0 // E, mask=rmask, other=0)
             else:
-                lo = tl.load(rowp + k0, mask=rmask & (k0 + c < K)[None, :], other=0.0)
-                hi = tl.load(rowp + HOFF + k0, mask=rmask & (k0 + c + (HOFF if not GU else 0) < K)[None, :],
-                             other=0.0)
+                lo = tl.load(rowp + k0 // E, mask=rmask & (k0 + c * E < K)[None, :], other=0)
+                hi = tl.load(rowp + HOFF + k0 // E,
+                             mask=rmask & (k0 + c * E + (HB if not GU else 0) < K)[None, :], other=0)
         if not NORM:
             if WAIT:
                 rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, min(k0 + STEP, K), t1, rb, rm,
                                              sync_ptr, err_ptr, max_spin, task, waited, TRACE, VENDOR)
-        xlo = tl.load(x_ptr + k0 + c, mask=k0 + c < K, other=0.0)
-        if NORM:
-            xlo = _rnd(_rnd(xlo * r, DT) * tl.load(g_ptr + k0 + c, mask=k0 + c < K, other=0.0), DT)
+        xe, xodd = _xpair(x_ptr, g_ptr, k0 + c * E, K, r, NORM, DT, E)
         if GU:
-            acc_a += tl.sum(lo.to(tl.float32) * xlo[None, :], axis=1)
-            acc_b += tl.sum(hi.to(tl.float32) * xlo[None, :], axis=1)
+            acc_a += _dotw(lo, xe, xodd, DT, E)
+            acc_b += _dotw(hi, xe, xodd, DT, E)
         else:
-            kh = k0 + HB + c
-            xhi = tl.load(x_ptr + kh, mask=kh < K, other=0.0)
-            if NORM:
-                xhi = _rnd(_rnd(xhi * r, DT) * tl.load(g_ptr + kh, mask=kh < K, other=0.0), DT)
-            acc_a += tl.sum(lo.to(tl.float32) * xlo[None, :] + hi.to(tl.float32) * xhi[None, :], axis=1)
+            he, hodd = _xpair(x_ptr, g_ptr, k0 + HB + c * E, K, r, NORM, DT, E)
+            acc_a += _dotw(lo, xe, xodd, DT, E) + _dotw(hi, he, hodd, DT, E)
     return acc_a, acc_b, waited, rb, rm
 
 
