@@ -154,4 +154,4 @@ def test_gpu_trial_code_path_in_a_warm_worker_interpreted():
                                                                                      sync_rows=16).to_dict()}, 120)
         assert b.ok and b.data["warm"] and b.data["setup_s"] < 0.05 and w.starts == 1, b
         c = w.run("kog.tune.objective:precompile_one", {**payload, "config": cfg.to_dict()}, 120)
-        assert c.ok and c.data["compiled"] is False and w.starts == 1, c
+        assert c.ok and c.data["compiled"] == 0 and w.starts == 1, c     # the interpreter compiles nothing

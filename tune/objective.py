@@ -197,29 +197,46 @@ class _CompileOnly:
 
 
 def precompile_one(payload: dict[str, Any], report: Callable[[int, float], None]) -> dict[str, Any]:
-    """Compile the kernel variants a gpu_trial of this config launches (child side of search.precompile):
-    the same Monokernel (max_seq, EOS handling) driven through the same calls with the same decode lengths,
-    with launches replaced by warmup(). Triton's on-disk cache then serves the trial. A config that cannot
-    be co-resident fails here already (ConfigError from the engine's residency check)."""
+    """Compile the kernel variants gpu_trials of these configs launch (child side of search.precompile):
+    payload 'configs' (or one 'config'), normally all with one kernel_key. Each is built as gpu_trial
+    builds it (max_seq, EOS handling, SM partition) and driven through the same calls with the same decode
+    lengths, launches replaced by warmup(): Triton specializes int arguments (== 1, divisible by 16), and
+    some come from the plan (counter and trace-buffer sizes, the topology flag), so configs that share a
+    compile_key() can still need their own variant. One worker does a group in order, so a variant is
+    compiled once and the group's other configs are cache hits. A config that cannot be co-resident fails
+    here already (ConfigError from the engine's residency check): it is counted, the rest go on."""
     import time
     from kog.engine import kernel as K
     from kog.engine.vendor import INTERPRET, vendor_code
     t0 = time.perf_counter()
     st = model_state(payload, gate=False)
-    mk = _build(payload, st)
-    if vendor_code() == INTERPRET:   # nothing to compile: the interpreter runs the Python source
-        return {"value": time.perf_counter() - t0, "compiled": False}
+    cfgs = payload.get("configs") or [payload["config"]]
+    interp = vendor_code() == INTERPRET   # nothing to compile: the interpreter runs the Python source
+    done, failed, regs = 0, [], []
     real = K.monokernel
-    K.monokernel = _CompileOnly(real)
-    mk._prefill = lambda prompt: None   # the reference prefill would run GPU kernels beside a measurement
+    if not interp:
+        K.monokernel = _CompileOnly(real)
     try:
-        _teacher_forced(mk, st["prompt"], st["forced"])
-        for k in ("warmup_tokens", "short_tokens", "tokens"):
-            mk.generate(st["prompt"], int(_opt(payload, k)))
+        for c in cfgs:
+            try:
+                mk = _build({**payload, "config": c}, st)
+                if interp:
+                    continue
+                mk._prefill = lambda prompt: None   # the reference prefill would run GPU kernels
+                _teacher_forced(mk, st["prompt"], st["forced"])
+                for k in ("warmup_tokens", "short_tokens", "tokens"):
+                    mk.generate(st["prompt"], int(_opt(payload, k)))
+                done += 1
+                regs.append(getattr(mk, "kernel_regs", None))
+            except Exception as e:
+                if type(e).__name__ not in ("ConfigError", "CompilationError") or len(cfgs) == 1:
+                    raise
+                failed.append(f"{type(e).__name__}: {e}"[:300])
+            finally:
+                mk = None
     finally:
         K.monokernel = real
-    return {"value": time.perf_counter() - t0, "compiled": True,
-            "kernel_regs": getattr(mk, "kernel_regs", None), "kernel_spills": getattr(mk, "kernel_spills", None)}
+    return {"value": time.perf_counter() - t0, "compiled": done, "failed": failed, "kernel_regs": regs}
 
 
 TARGETS = {"gpu": "kog.tune.objective:gpu_trial", "sim": "kog.tune.objective:sim_trial"}

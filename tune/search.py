@@ -424,16 +424,20 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
         return batch
 
     def compile_batch(batch):
-        if pool is None or compile_target is None:
+        if pool is None or compile_target is None or not batch:
             return []
         from kog.engine.engine_config import EngineConfig
-        jobs = []
-        for _, p in batch:
-            key = kernel_key(EngineConfig.from_dict(p["config"]))
-            if key not in compiled:
-                compiled.add(key)
-                jobs.append((key, compile_target, {**p, **payload_extra}))
-        return pool.submit_all(jobs, timeout)
+        new = []
+        for _, p in batch:                    # every new config (its variant may be new), grouped by kernel
+            k = json.dumps(p["config"], sort_keys=True)
+            if k not in compiled:
+                compiled.add(k)
+                new.append(EngineConfig.from_dict(p["config"]))
+        if not new:
+            return []
+        extra = {k: v for k, v in batch[0][1].items() if k not in ("model", "config")}
+        return precompile(model_spec, new, timeout=timeout, payload_extra={**extra, **payload_extra},
+                          pool=pool, on_done=lambda key, o: None, target=compile_target)
 
     try:
         batch = ask_batch()
@@ -498,9 +502,11 @@ def kernel_key(cfg) -> tuple:
 def precompile(model_spec: str, configs, processes: int | None = None, timeout: float = 600.0,
                payload_extra: dict[str, Any] | None = None, pool=None, on_done=None,
                envs: list[dict[str, str] | None] | None = None, target: str | None = None):
-    """Compile one kernel per distinct kernel_key() among `configs`, in parallel warm worker processes (a
-    pool sized to the CPU cores; compile only: kog.tune.objective.precompile_one runs nothing on the GPU).
-    Configs with equal keys (mapping, wait granularity) reuse one compiled kernel through Triton's cache.
+    """Compile the kernels of `configs`, one job per distinct kernel_key() in parallel warm worker processes
+    (a pool sized to the CPU cores; compile only: kog.tune.objective.precompile_one runs no kernel). A job
+    takes all configs of its key in order: configs that differ only in data (mapping, wait granularity)
+    mostly reuse one compiled kernel, and the ones whose plan-derived int arguments need another Triton
+    specialization get it here too, not in the middle of a measurement.
 
     Blocking (on_done None): returns {kernel_key: "ok" | reason}. With on_done(key, outcome): returns at
     once with the list of futures; on_done is called from the pool's threads as each key is compiled
@@ -508,15 +514,19 @@ def precompile(model_spec: str, configs, processes: int | None = None, timeout: 
     Keys are submitted in the order of their first config. `target` overrides the child function (tests)."""
     from kog.tune.isolation import WorkerPool
     from kog.tune.objective import COMPILE_TARGET
-    by_key: dict[tuple, Any] = {}
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
     for c in configs:
-        by_key.setdefault(kernel_key(c), c)
+        group = by_key.setdefault(kernel_key(c), [])
+        d = c.to_dict()
+        if d not in group:
+            group.append(d)
     own = pool is None
     if own:
         n = min(processes or default_compile_processes(), max(1, len(by_key)))
         pool = WorkerPool(n, envs if envs else None, "compile")
-    jobs = [(k, target or COMPILE_TARGET, {"model": model_spec, "config": c.to_dict(), **(payload_extra or {})})
-            for k, c in by_key.items()]
+    # one job per kernel: its configs in one worker, in order (a variant compiles once, then cache hits)
+    jobs = [(k, target or COMPILE_TARGET, {"model": model_spec, **(payload_extra or {}), "config": g[0],
+                                           "configs": g}) for k, g in by_key.items()]
     futs = pool.submit_all(jobs, timeout, on_done=on_done)
     if on_done is not None:
         return futs
