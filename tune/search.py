@@ -391,6 +391,8 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
                 study.tell(t, value)
             else:
                 study.tell(t, state=state)
+        except (RuntimeError, ValueError) as e:   # finished meanwhile (e.g. failed as stale by another host)
+            print(f"kogtune: trial {t.number}: {e}", file=sys.stderr)
         finally:
             with lock:
                 inflight.pop(t._trial_id, None)
