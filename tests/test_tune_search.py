@@ -214,3 +214,10 @@ def test_search_deadline_stops_cleanly(env):
     for x in ts:
         if x.state == optuna.trial.TrialState.FAIL:
             assert "out of time" in x.user_attrs["fail_reason"], x.user_attrs
+
+
+def test_topology_partition_from_the_bundled_scan():
+    from kog.probe.scan import bundled_scan_path
+    from kog.tune.objective import sm_partition
+    part = sm_partition({"scan": str(bundled_scan_path())})
+    assert len(part) == 132 and sorted(set(part.values())) == [0, 1]

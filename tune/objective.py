@@ -114,11 +114,15 @@ def sm_partition(payload: dict[str, Any]) -> dict[int, int] | None:
             import torch
             from kog.tune.scan_model import find_scan_dir
             from pathlib import Path
-            name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+            gpu = torch.cuda.is_available()
+            name = torch.cuda.get_device_name() if gpu else None
+            sms = torch.cuda.get_device_properties(0).multi_processor_count if gpu else None
             d = Path(payload["scan"]) if payload.get("scan") else (find_scan_dir(name) if name else None)
             summ = json.loads((d / "summary.json").read_text()) if d is not None else {}
             parts = summ.get("l2_partitions")
-            if parts and (payload.get("scan") or summ.get("device") in (None, name)):
+            # another unit of the same GPU model: same SM count; its SM -> partition map may differ a
+            # little (floorsweeping), which costs locality, never correctness
+            if parts and (payload.get("scan") or summ.get("device") == name or summ.get("sms") == sms):
                 CACHE[key] = {int(sm): i for i, lst in enumerate(parts) for sm in lst}
         except Exception:
             pass
