@@ -155,20 +155,31 @@ def _():
     return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
 
 
-@section("prev_kernel")
+@section("alt_kernel")
 def _():
-    """A/B in the same run: the kernel of the previous commit (bench/kernel_prev.py), same launcher."""
-    if "--prev" not in sys.argv:
+    """A/B in the same run: another kernel file (--alt FILE, e.g. bench/kernel_carry.py) under the same
+    launcher, defaults and a 4-row tiling, targeted and grid."""
+    if "--alt" not in sys.argv:
         return {}
     import importlib.util
     import kog.engine.kernel as kmod
-    spec = importlib.util.spec_from_file_location("kernel_prev", os.path.join(os.path.dirname(__file__), "kernel_prev.py"))
-    prev = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prev)
+    path = sys.argv[sys.argv.index("--alt") + 1]
+    spec = importlib.util.spec_from_file_location("kernel_alt", path)
+    alt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(alt)
     cur = kmod.monokernel
-    kmod.monokernel = prev.monokernel
+    B4 = dict(bn_qkv=4, bn_o=4, bn_gate_up=4, bn_down=4, bn_lm=4)
+    out = {"file": path, "main-targeted": perf(EngineConfig(), n=256, repeats=3, trace=False)}
+    save()
+    kmod.monokernel = alt.monokernel
     try:
-        return {mode: perf(EngineConfig(mode=mode), n=256, repeats=3, trace=False) for mode in ("targeted", "grid")}
+        for key, g in (("targeted", {}), ("grid", dict(mode="grid")), ("targeted-bn4", B4)):
+            try:
+                out[key] = perf(EngineConfig(**g), n=256, repeats=3, trace=key == "targeted")
+            except Exception as e:
+                out[key] = {"error": repr(e)[:500]}
+            save()
+        return out
     finally:
         kmod.monokernel = cur
 
@@ -183,6 +194,8 @@ def _():
     grid = [dict(), dict(mode="grid"), dict(block_k=1024), dict(B4), dict(B4, ctas_per_sm=3), dict(B4, mode="grid")]
     if "--short-sweep" in sys.argv:
         grid = grid[2:]                 # the defaults were measured by llama1b_perf
+    if "--grid-json" in sys.argv:       # the configs to sweep, as a JSON list of EngineConfig overrides
+        grid = json.loads(sys.argv[sys.argv.index("--grid-json") + 1])
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:

@@ -32,6 +32,7 @@ class EngineConfig:
     bn_lm: int = 8
     sync_rows: int = 8192                # producer rows that share one readiness counter (0 = one per block_k)
     prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off)
+    blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 64              # KV positions per attention step
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
@@ -56,7 +57,7 @@ class EngineConfig:
     def compile_key(self) -> tuple:
         """Fields that are constexpr in the kernel: configs with equal keys share one compiled kernel."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
-                self.bn_down, self.bn_lm, self.prefetch, self.attn_block)
+                self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -76,6 +77,7 @@ class EngineConfig:
                  f"ctas_per_sm {self.ctas_per_sm} exceeds the {max_ctas_per_sm} CTAs that fit on one SM")
         need(pow2(self.block_k), f"block_k {self.block_k} is not a power of two")
         need(0 <= self.prefetch <= 8, f"prefetch {self.prefetch} not in 0..8")
+        need(0 <= self.blocked_prefetch <= 8, f"blocked_prefetch {self.blocked_prefetch} not in 0..8")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size

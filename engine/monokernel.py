@@ -192,7 +192,12 @@ class Monokernel:
         out[:, :4] = t
         assert (woff % 64 == 0).all()
         out[:, 4] = woff // 64                            # in units of 64 elements (alignment known to the compiler)
-        out[:, 5] = 0
+        # column 5: 128-byte lines of the task's weight tile (what the blocked-wait L2 prefetch pulls)
+        rows_k = {T_QKV: (e.bn_qkv, H), T_O: (e.bn_o, Q), T_GU: (e.bn_gate_up, H), T_DOWN: (e.bn_down, I),
+                  T_LM: (e.bn_lm, H)}
+        esize = self.wbuf.element_size()
+        for ty, (bn, K) in rows_k.items():
+            out[typ == ty, 5] = -(-bn * K * esize // 128)
         out[:, 6] = rel
         out[:, 7] = wait
         return out.astype(np.int32)
@@ -229,7 +234,7 @@ class Monokernel:
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
                     PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
-                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=self._nlp(),
+                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=self._nlp(), PFB=int(e.blocked_prefetch),
                     num_warps=e.num_warps)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)

@@ -92,3 +92,20 @@ def test_block_k_not_dividing_the_rows():
     loads must read nothing past a row."""
     ref, got, err = run_both(TINY, torch.float32, SMALL_TILES.replace(block_k=128, bn_lm=16), [5, 17, 33, 2])
     assert got == ref and err < 1e-4
+
+
+def test_task_table_line_counts_and_blocked_prefetch_runs():
+    """Column 5 of the task table: 128-byte lines of each task's weight tile (what the blocked-wait L2
+    prefetch pulls); the blocked-prefetch variant still matches the reference."""
+    from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
+    ecfg = SMALL_TILES.replace(blocked_prefetch=2)
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(TINY, w, ecfg, max_seq=64)
+    tab = mk.tasks.numpy()
+    H, I, Q = TINY.hidden_size, TINY.intermediate_size, TINY.q_size
+    want = {T_QKV: ecfg.bn_qkv * H, T_O: ecfg.bn_o * Q, T_GU: ecfg.bn_gate_up * H, T_DOWN: ecfg.bn_down * I,
+            T_LM: ecfg.bn_lm * H}
+    for ty, n in want.items():
+        assert (tab[tab[:, 0] == ty, 5] == -(-n * 4 // 128)).all()
+    ref, got, err = run_both(TINY, torch.float32, ecfg, [5, 17, 33, 2])
+    assert got == ref and err < 1e-4

@@ -102,47 +102,10 @@ def _flush(cnt_ptr, pend_idx, pend_n):
 
 
 @triton.jit
-def _load_tile(ptrs, kk, K: tl.constexpr, EVEN: tl.constexpr):
-    if EVEN:
-        w = tl.load(ptrs)
-    else:
-        w = tl.load(ptrs, mask=kk[None, :] < K, other=0.0)
-    return w
-
-
-@triton.jit
-def _load_x(x_ptr, g_ptr, kk, K: tl.constexpr, EVEN: tl.constexpr, NORM: tl.constexpr):
-    """A chunk of the input vector (times the RMSNorm weight when NORM). Plain cached loads: the acquire
-    that made the data visible also invalidated this SM's L1, and the data do not change in the phase."""
-    if EVEN:
-        x = tl.load(x_ptr + kk)
-        if NORM:
-            g = tl.load(g_ptr + kk)
-    else:
-        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
-        if NORM:
-            g = tl.load(g_ptr + kk, mask=kk < K, other=0.0)
-    if NORM:
-        xg = x * g
-    else:
-        xg = x
-    return x, xg
-
-
-@triton.jit
 def _rnd(x, DT: tl.constexpr):
     """Round to the model dtype and back: activations are rounded where HF keeps bf16/fp16 tensors, so the
     kernel computes the reference's function, not a more precise neighbour of it."""
     return x.to(DT).to(tl.float32)
-
-
-@triton.jit
-def _normed_x(x_ptr, g_ptr, eps, kk, K: tl.constexpr, DT: tl.constexpr):
-    """HF RMSNorm of the whole input vector: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)."""
-    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
-    g = tl.load(g_ptr + kk, mask=kk < K, other=0.0)
-    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
-    return _rnd(_rnd(x * r, DT) * g, DT)
 
 
 @triton.jit
@@ -157,77 +120,148 @@ def _timed_wait(cnt_ptr, tgt_ptr, cbase, R, r0, r1, t1, rb, rm, sync_ptr, err_pt
     return rb, rm, waited
 
 
-@triton.jit
-def _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin,
-          task, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, WAIT: tl.constexpr,
-          TRACE: tl.constexpr, VENDOR: tl.constexpr):
-    """acc[BN] = W[tile rows, :K] . x (x RMS-normed with weight g when NORM). Each chunk's weight load is
-    issued BEFORE the wait for the matching chunk of x, so the HBM stream does not stop at a dependency.
+# ---- the weight stream ----------------------------------------------------------------------------------
+# Every GEMV task streams its rows in chunks held as two [BNC, HB] halves (HB = BK/2): columns [k0, k0+HB)
+# and [k0+HB, k0+BK) of its rows, or for gate_up the gate rows' and the up rows' columns [k0, k0+HB).
+# A task's FIRST chunk is loaded while the task before it runs (`_first_chunk`, issued at the top of the
+# previous task and carried in registers), so every CTA has weights in flight through its waits, epilogues,
+# barriers and the token hand-off: the HBM stream no longer drains at each task boundary.
 
-    NORM with K <= BK normalizes x first, exactly as HF does; a longer K (hidden > block_k) applies the
-    1/rms scale to the dot product instead (same math, different rounding)."""
-    DT: tl.constexpr = w_ptr.dtype.element_ty
-    EVEN: tl.constexpr = K % BK == 0
-    rn = tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    wrow = w_ptr + w_off + (rn * K).to(tl.int64)[:, None]
-    acc = tl.zeros([BN], dtype=tl.float32)
-    ss = 0.0
-    waited = tl.zeros([], dtype=tl.int64)
-    for k0 in range(0, K, BK):
-        kk = k0 + rk
-        w = _load_tile(wrow + kk[None, :], kk, K, EVEN)
-        if WAIT:
-            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
-                                         err_ptr, max_spin, task, waited, TRACE, VENDOR)
+@triton.jit
+def _unpack(v, DT: tl.constexpr, E: tl.constexpr):
+    """fp32 values of the E elements packed in each 32-bit word v (E = 2 for 16-bit weights)."""
+    if E == 1:
+        e = v.to(tl.float32, bitcast=True)
+        o = e
+    elif DT == tl.bfloat16:                 # a bf16 is the top half of an fp32: shifts, no conversion
+        e = (v << 16).to(tl.float32, bitcast=True)
+        o = (v & -65536).to(tl.float32, bitcast=True)
+    else:
+        e = (v & 65535).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+        o = (v >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    return e, o
+
+
+@triton.jit
+def _xpair(x_ptr, g_ptr, xo, K: tl.constexpr, r, NORM: tl.constexpr, DT: tl.constexpr, E: tl.constexpr):
+    """The input elements that meet the even (xe) and odd (xodd) halves of the weight words at element
+    offsets xo (RMS-normed as HF does when NORM, with 1/rms = r)."""
+    m = xo < K
+    if E == 2:
+        # contiguous [HW, 2] loads (vectorized), split into the even and odd elements in registers
+        x2p = xo[:, None] + tl.arange(0, 2)[None, :]
+        x2 = tl.load(x_ptr + x2p, mask=m[:, None], other=0.0)
         if NORM:
-            if K <= BK:
-                xg = _normed_x(x_ptr, g_ptr, eps, kk, K, DT)
-            else:
-                x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, True)
-                ss += tl.sum(x * x, axis=0)
-        else:
-            x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, False)
-        acc += tl.sum(w.to(tl.float32) * xg[None, :], axis=1)
-    if NORM:
-        if K > BK:
-            acc = acc * (1.0 / tl.sqrt(ss / K + eps))
-    return acc, waited, rb, rm
+            x2 = _rnd(_rnd(x2 * r, DT) * tl.load(g_ptr + x2p, mask=m[:, None], other=0.0), DT)
+        xe, xodd = tl.split(x2)
+    else:
+        xe = tl.load(x_ptr + xo, mask=m, other=0.0)
+        if NORM:
+            xe = _rnd(_rnd(xe * r, DT) * tl.load(g_ptr + xo, mask=m, other=0.0), DT)
+        xodd = xe
+    return xe, xodd
 
 
 @triton.jit
-def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr,
-           max_spin, task, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr,
-           TRACE: tl.constexpr, VENDOR: tl.constexpr):
-    """Two row tiles (gate and up) against the same RMS-normed x, sharing the waits and the x loads."""
+def _dotw(v, xe, xodd, DT: tl.constexpr, E: tl.constexpr):
+    """Row sums of (weight words v) . x: [BNC]."""
+    e, o = _unpack(v, DT, E)
+    if E == 2:
+        p = e * xe[None, :] + o * xodd[None, :]
+    else:
+        p = e * xe[None, :]
+    return tl.sum(p, axis=1)
+
+
+@triton.jit
+def _first_chunk(w_ptr, tasks_ptr, tn, ok, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr,
+                 BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr,
+                 BN_LM: tl.constexpr, BNC: tl.constexpr, HB: tl.constexpr, EVEN: tl.constexpr):
+    """Issue the loads of task tn's first chunk (nothing when not ok or not a GEMV task): (lo, hi) as
+    [BNC, HB/E] 32-bit words. Words, not bf16 elements: a loaded word can be carried to the next task in
+    its register as is, where 16-bit elements get repacked (which waits for the load) on the way."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
-    EVEN: tl.constexpr = K % BK == 0
-    rn = tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    ra = w_ptr + off_a + (rn * K).to(tl.int64)[:, None]
-    rbp = w_ptr + off_b + (rn * K).to(tl.int64)[:, None]
-    acc_a = tl.zeros([BN], dtype=tl.float32)
-    acc_b = tl.zeros([BN], dtype=tl.float32)
-    ss = 0.0
+    E: tl.constexpr = 32 // DT.primitive_bitwidth
+    HW: tl.constexpr = HB // E
+    w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    trow = tasks_ptr + tn * 8
+    typ = tl.load(trow, mask=ok, other=6)
+    off = tl.load(trow + 4, mask=ok, other=0).to(tl.int64) * (64 // E)
+    K = tl.where(typ == 2, QS, tl.where(typ == 4, I, H))
+    bn = tl.where(typ == 0, BN_QKV, tl.where(typ == 2, BN_O, tl.where(typ == 3, BN_GU,
+                  tl.where(typ == 4, BN_DOWN, BN_LM))))
+    gu = typ == 3
+    hoff = tl.where(gu, (I * H) // E, HW)
+    use = ok & (typ != 1) & (typ != 6)
+    rn = tl.arange(0, BNC)
+    c = tl.arange(0, HW)
+    p = w32 + off + (rn.to(tl.int64) * (K // E))[:, None] + c[None, :]
+    m = use & (rn < bn)[:, None]
+    if EVEN:
+        lo = tl.load(p, mask=m, other=0)
+        hi = tl.load(p + hoff, mask=m, other=0)
+    else:
+        lo = tl.load(p, mask=m & (c * E < K)[None, :], other=0)
+        hi = tl.load(p + hoff, mask=m & (c * E + tl.where(gu, 0, HB) < K)[None, :], other=0)
+    return lo, hi
+
+
+@triton.jit
+def _gemv(w_ptr, w_off, lo, hi, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr,
+          max_spin, task, K: tl.constexpr, BN: tl.constexpr, BNC: tl.constexpr, BK: tl.constexpr,
+          NORM: tl.constexpr, GU: tl.constexpr, UPO: tl.constexpr, WAIT: tl.constexpr, TRACE: tl.constexpr,
+          VENDOR: tl.constexpr):
+    """(acc_a, acc_b)[BNC] = rows of W . x, the first chunk (lo, hi) already in registers.
+
+    Plain GEMV: acc_a = W . x. gate_up (GU): acc_a = Wgate . x, acc_b = Wup . x (up rows UPO elements
+    after the gate rows). NORM: x is RMS-normed exactly as HF does (weight * (x * rstd).to(dtype)), which
+    needs all of x before the first chunk. Otherwise each chunk waits only for the rows of x it reads."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    E: tl.constexpr = 32 // DT.primitive_bitwidth
+    HB: tl.constexpr = BK // 2
+    HW: tl.constexpr = HB // E
+    STEP: tl.constexpr = HB if GU else BK
+    HOFF: tl.constexpr = (UPO if GU else HB) // E
+    EVEN: tl.constexpr = K % STEP == 0
+    w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    rn = tl.arange(0, BNC)
+    c = tl.arange(0, HW)
+    rmask = (rn < BN)[:, None]
+    rowp = w32 + w_off // E + (rn * (K // E)).to(tl.int64)[:, None] + c[None, :]
+    acc_a = tl.zeros([BNC], dtype=tl.float32)
+    acc_b = tl.zeros([BNC], dtype=tl.float32)
     waited = tl.zeros([], dtype=tl.int64)
-    for k0 in range(0, K, BK):
-        kk = k0 + rk
-        wa = _load_tile(ra + kk[None, :], kk, K, EVEN)
-        wb = _load_tile(rbp + kk[None, :], kk, K, EVEN)
+    r = 1.0
+    if NORM:
         if WAIT:
-            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
-                                         err_ptr, max_spin, task, waited, TRACE, VENDOR)
-        if K <= BK:
-            xg = _normed_x(x_ptr, g_ptr, eps, kk, K, DT)
-        else:
-            x, xg = _load_x(x_ptr, g_ptr, kk, K, EVEN, True)
-            ss += tl.sum(x * x, axis=0)
-        acc_a += tl.sum(wa.to(tl.float32) * xg[None, :], axis=1)
-        acc_b += tl.sum(wb.to(tl.float32) * xg[None, :], axis=1)
-    if K > BK:
+            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, 0, K, t1, rb, rm, sync_ptr, err_ptr,
+                                         max_spin, task, waited, TRACE, VENDOR)
+        ce = tl.arange(0, HB)
+        ss = 0.0
+        for k0 in tl.static_range(0, K, HB):
+            xs = tl.load(x_ptr + k0 + ce, mask=k0 + ce < K, other=0.0)
+            ss += tl.sum(xs * xs, axis=0)
         r = 1.0 / tl.sqrt(ss / K + eps)
-        acc_a = acc_a * r
-        acc_b = acc_b * r
+    for k0 in tl.static_range(0, K, STEP):
+        if k0 > 0:
+            if EVEN:
+                lo = tl.load(rowp + k0 // E, mask=rmask, other=0)
+                hi = tl.load(rowp + HOFF + k0 // E, mask=rmask, other=0)
+            else:
+                lo = tl.load(rowp + k0 // E, mask=rmask & (k0 + c * E < K)[None, :], other=0)
+                hi = tl.load(rowp + HOFF + k0 // E,
+                             mask=rmask & (k0 + c * E + (HB if not GU else 0) < K)[None, :], other=0)
+        if not NORM:
+            if WAIT:
+                rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, min(k0 + STEP, K), t1, rb, rm,
+                                             sync_ptr, err_ptr, max_spin, task, waited, TRACE, VENDOR)
+        xe, xodd = _xpair(x_ptr, g_ptr, k0 + c * E, K, r, NORM, DT, E)
+        if GU:
+            acc_a += _dotw(lo, xe, xodd, DT, E)
+            acc_b += _dotw(hi, xe, xodd, DT, E)
+        else:
+            he, hodd = _xpair(x_ptr, g_ptr, k0 + HB + c * E, K, r, NORM, DT, E)
+            acc_a += _dotw(lo, xe, xodd, DT, E) + _dotw(hi, he, hodd, DT, E)
     return acc_a, acc_b, waited, rb, rm
 
 
@@ -390,10 +424,13 @@ def monokernel(
     KVS: tl.constexpr = NKV * HD
     WAIT: tl.constexpr = MODE == 1
     DT: tl.constexpr = w_ptr.dtype.element_ty
-    BK_GU: tl.constexpr = BK // 2 if BK >= 128 else BK   # gate+up: two tiles, same registers as one
+    HB: tl.constexpr = BK // 2
+    BNC: tl.constexpr = max(max(max(BN_QKV, BN_O), max(BN_GU, BN_DOWN)), BN_LM)   # rows of a carried chunk
+    EVEN: tl.constexpr = (H % BK == 0) & (QS % BK == 0) & (I % BK == 0)
     nprog = tl.num_programs(0)
     pid = tl.program_id(0)
     rs = tl.arange(0, GPOW)
+    rc = tl.arange(0, BNC)
     cta = pid
     if use_smid != 0:
         # Topology mapping: the plan numbers CTAs SM-major (the SMs of the probe scan in order), so this
@@ -411,6 +448,9 @@ def monokernel(
     R_QKV = tl.load(rpc_ptr + 0)
     tr = 0
     stop = 0
+    # the first chunk of this CTA's first task; from here on each task loads its successor's
+    lo, hi = _first_chunk(w_ptr, tasks_ptr, t_lo, t_lo < t_hi, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM,
+                          BNC, HB, EVEN)
     for step in range(0, n_tokens):
         t1 = step + 1
         pos = pos0 + step
@@ -434,6 +474,12 @@ def monokernel(
                 w_off = tl.load(trow + 4).to(tl.int64) * 64   # stored in units of 64 elements: 128-byte aligned
                 rel = tl.load(trow + 6)
                 cb = tl.load(trow + 7)
+                # the successor: the next task, or this CTA's first task of the next token
+                tn = ti + 1
+                n_ok = tn < t_hi
+                if tn >= t_hi:
+                    tn = t_lo
+                    n_ok = t1 < n_tokens
                 if rel != pend_idx:
                     _flush(cnt_ptr, pend_idx, pend_n)
                     pend_idx = rel
@@ -448,20 +494,7 @@ def monokernel(
                     t_start = tl.zeros([], dtype=tl.int64)
                 waited = tl.zeros([], dtype=tl.int64)
                 lrow = layer * 5
-                if typ == T_QKV:
-                    rows = tile * BN_QKV + tl.arange(0, BN_QKV)
-                    # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
-                    # always-ready dummy counters
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
-                                                small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
-                                                    tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, H, BN_QKV, BK, True, WAIT, TRACE, VENDOR)
-                    y = acc
-                    if HAS_BIAS:
-                        y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
-                    pend_n += 1
-                elif typ == T_ATTN:
+                if typ == T_ATTN:
                     # one split of one KV head; the last split to arrive merges the partials and publishes
                     g = tile // attn_S
                     split = tile % attn_S
@@ -492,62 +525,93 @@ def monokernel(
                         _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
                                       GH, SP, DT)
                         pend_n += 1
-                elif typ == T_O:
-                    rows = tile * BN_O + tl.arange(0, BN_O)
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps,
-                                                    cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr,
-                                                    err_ptr, max_spin, ti, QS, BN_O, BK, False, WAIT, TRACE, VENDOR)
-                    h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT))
-                    pend_n += 1
-                elif typ == T_GU:
-                    rows = tile * BN_GU + tl.arange(0, BN_GU)
-                    ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
-                                                    act_ptr + tl.load(aoff_ptr + lrow + 3),
-                                                    small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps, cnt_ptr, tgt_ptr,
-                                                        cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr,
-                                                        max_spin, ti, H, BN_GU, BK_GU, WAIT, TRACE, VENDOR)
-                    gt = _rnd(ag, DT)
-                    y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # HF: silu(g) * u in bf16
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y)
-                    pend_n += 1
-                elif typ == T_DOWN:
-                    rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps,
-                                                    cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr,
-                                                    err_ptr, max_spin, ti, I, BN_DOWN, BK, False, WAIT, TRACE, VENDOR)
-                    hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT))
-                    pend_n += 1
-                elif typ == T_LM:
-                    rows = tile * BN_LM + tl.arange(0, BN_LM)
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
-                                                small_ptr + fnorm_off, eps, cnt_ptr,
-                                                    tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, H, BN_LM, BK, True, WAIT, TRACE, VENDOR)
-                    lg = _rnd(acc, DT)                            # HF returns logits in the model dtype
-                    if write_logits != 0:
-                        tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
-                    if SAMPLE == 2:
-                        sc = lg * inv_temp
-                        tl.store(partial_v_ptr + GPOW + rows, sc)   # scaled logits for the filter passes
-                    else:
-                        sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
-                    b, bi = tile_best(sc, rows, rows < V)
-                    take = b > best_v
-                    best_v = tl.where(take, b, best_v)
-                    best_i = tl.where(take, bi, best_i)
-                else:  # T_BAR: grid mode's global barrier after a phase
-                    tl.debug_barrier()
-                    tl.atomic_add(sync_ptr + S_BAR, 1, sem="release", scope="gpu")
-                    nb = step * bar_per_tok + tl.load(trow + 3) + 1
-                    _spin_until(sync_ptr + S_BAR, nb * nprog, sync_ptr, err_ptr, max_spin, -2, ti)
-                    if TRACE:
-                        waited = global_time_ns(VENDOR) - t_start
+                    # attention needs its registers: its successor's chunk is loaded after it
+                    nlo, nhi = _first_chunk(w_ptr, tasks_ptr, tn, n_ok, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM,
+                                            BNC, HB, EVEN)
+                else:
+                    nlo, nhi = _first_chunk(w_ptr, tasks_ptr, tn, n_ok, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM,
+                                            BNC, HB, EVEN)
+                    if typ == T_QKV:
+                        rows = tile * BN_QKV + rc
+                        rmask = rc < BN_QKV
+                        # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
+                        # always-ready dummy counters
+                        acc, _, waited, rb, rm = _gemv(w_ptr, w_off, lo, hi, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                       small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
+                                                       tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
+                                                       max_spin, ti, H, BN_QKV, BNC, BK, True, False, 0, WAIT, TRACE,
+                                                       VENDOR)
+                        y = acc
+                        if HAS_BIAS:
+                            y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows, mask=rmask, other=0.0)
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT), mask=rmask)
+                        pend_n += 1
+                    elif typ == T_O:
+                        rows = tile * BN_O + rc
+                        rmask = rc < BN_O
+                        acc, _, waited, rb, rm = _gemv(w_ptr, w_off, lo, hi, act_ptr + tl.load(aoff_ptr + lrow + 2),
+                                                       small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb,
+                                                       rm, sync_ptr, err_ptr, max_spin, ti, QS, BN_O, BNC, BK, False,
+                                                       False, 0, WAIT, TRACE, VENDOR)
+                        h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, mask=rmask, other=0.0,
+                                    cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT), mask=rmask)
+                        pend_n += 1
+                    elif typ == T_GU:
+                        rows = tile * BN_GU + rc
+                        rmask = rc < BN_GU
+                        ag, au, waited, rb, rm = _gemv(w_ptr, w_off, lo, hi, act_ptr + tl.load(aoff_ptr + lrow + 3),
+                                                       small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps, cnt_ptr,
+                                                       tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr,
+                                                       max_spin, ti, H, BN_GU, BNC, BK, True, True, I * H, WAIT, TRACE,
+                                                       VENDOR)
+                        gt = _rnd(ag, DT)
+                        y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # HF: silu(g) * u in bf16
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y, mask=rmask)
+                        pend_n += 1
+                    elif typ == T_DOWN:
+                        rows = tile * BN_DOWN + rc
+                        rmask = rc < BN_DOWN
+                        acc, _, waited, rb, rm = _gemv(w_ptr, w_off, lo, hi, act_ptr + tl.load(aoff_ptr + lrow + 4),
+                                                       small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb,
+                                                       rm, sync_ptr, err_ptr, max_spin, ti, I, BN_DOWN, BNC, BK, False,
+                                                       False, 0, WAIT, TRACE, VENDOR)
+                        hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, mask=rmask, other=0.0,
+                                     cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT), mask=rmask)
+                        pend_n += 1
+                    elif typ == T_LM:
+                        rows = tile * BN_LM + rc
+                        rmask = rc < BN_LM
+                        acc, _, waited, rb, rm = _gemv(w_ptr, w_off, lo, hi, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                       small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
+                                                       tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
+                                                       H, BN_LM, BNC, BK, True, False, 0, WAIT, TRACE, VENDOR)
+                        lg = _rnd(acc, DT)                            # HF returns logits in the model dtype
+                        if write_logits != 0:
+                            tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg, mask=rmask)
+                        if SAMPLE == 2:
+                            sc = lg * inv_temp
+                            tl.store(partial_v_ptr + GPOW + rows, sc, mask=rmask)   # scaled logits for the filter passes
+                        else:
+                            sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
+                        b, bi = tile_best(sc, rows, rmask & (rows < V))
+                        take = b > best_v
+                        best_v = tl.where(take, b, best_v)
+                        best_i = tl.where(take, bi, best_i)
+                    else:  # T_BAR: grid mode's global barrier after a phase
+                        tl.debug_barrier()
+                        tl.atomic_add(sync_ptr + S_BAR, 1, sem="release", scope="gpu")
+                        nb = step * bar_per_tok + tl.load(trow + 3) + 1
+                        _spin_until(sync_ptr + S_BAR, nb * nprog, sync_ptr, err_ptr, max_spin, -2, ti)
+                        if TRACE:
+                            waited = global_time_ns(VENDOR) - t_start
                 if TRACE:
                     if (step < trace_tokens) & (tr < trace_cap):
                         _trace(trace_ptr, cta, tr, trace_cap, t_start, waited, ti, step, VENDOR)
                         tr += 1
+                lo = nlo
+                hi = nhi
             _flush(cnt_ptr, pend_idx, pend_n)
             # this CTA is done with the token: publish its best candidate; the last CTA to finish samples
             tl.store(partial_v_ptr + cta, best_v)
