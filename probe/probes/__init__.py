@@ -17,12 +17,16 @@ Tables (the names and columns the reports render; keep them):
     bandwidth       [sms:int, kind:str, GBps:float]                   bandwidth.py (read, copy)
     xcd_latency     [src_xcd:int, dst_xcd:int, level:str, ns:float]   l2map_amd.py (AMD only; level: l1,
                                                                                    l2, mall, hbm, cross)
+    p2p_bandwidth   [src:int, dst:int, GBps:float, peer:bool]          p2p.py       (>= 2 GPUs only)
+    p2p_latency     [src:int, dst:int, us:float, method:str]           p2p.py       (>= 2 GPUs only)
 
 vendor_asm.py holds every inline-asm string (%smid, %clock64, %globaltimer; AMD s_getreg XCC_ID / HW_ID,
 s_memtime); common.py the context, timing, co-residency and bounded-spin error records.
 """
 
-PROBES = ("placement", "latency", "l2map", "signal", "sync", "bandwidth")
+# p2p (GPU x GPU copy bandwidth and flag latency) runs only on hosts with >= 2 GPUs; elsewhere it records why
+# it skipped and adds no table.
+PROBES = ("placement", "latency", "l2map", "signal", "sync", "bandwidth", "p2p")
 
 TABLE_COLUMNS = {
     "placement": {"launch": "int", "pid": "int", "smid": "int", "die": "int"},
