@@ -366,30 +366,42 @@ def load_engine_measurements():
 @dataclass(frozen=True)
 class EngineParams:
     """Free parameters of the engine model (fitted by fit_engine_params() to the measured rows)."""
-    lat_us: float = 2.0          # dependent weight-chunk load latency under load (one round trip per chunk)
-    warp_gbps: float = 8.0       # how fast one warp issues/drains a chunk (GB/s): cta rate = warps * this
+    lat_us: float = 2.0          # dependent weight-chunk load latency under load (one HBM round trip per chunk)
+    lat_pf_us: float = 1.0       # the same when the task's tile was L2-prefetched by the task before (prefetch >= 1)
+    warp_gbps: float = 8.0       # how fast one warp issues/drains a chunk (GB/s): cta rate = warps * this ...
+    sm_gbps: float = 60.0        # ... capped at this SM's drain rate shared by its co-resident CTAs (GB/s)
     bw_frac: float = 0.85        # share of the scan's streaming bandwidth the engine can reach
     task_us: float = 0.7         # per task: decode, offsets, output store, counter release (measured ~0.7)
-    spill_us: float = 0.5        # per weight chunk and per 100 spilled registers (local-memory round trips)
-    pf_us: float = 0.7           # per task and per prefetch distance step (capped at 2): the prefetch's issue cost
+    spill_us: float = 0.5        # per weight chunk at 100 spilled registers (local-memory round trips) ...
+    spill_pow: float = 1.5       # ... growing as (spills / 100) ** spill_pow: past ~150 the weight tile itself spills
+    pf_us: float = 0.3           # per task with prefetch on: the prefetch's fixed issue cost (task-row reads, branch)
+    pf_kb_us: float = 0.02       # per task with prefetch on and per KiB of its tile: one prefetch per 128-byte line
     chain_us: float = 9.0        # per layer: qkv -> attention -> (merge) -> o release/acquire chain, fixed part
     refill_us: float = 2.0       # per grid barrier: pipeline drain + refill beyond the scan's barrier latency
     poll_us: float = 0.05        # per counter a task checks (targeted mode)
+    wait_chunk_us: float = 0.1   # targeted mode, per weight chunk: the wait check between its load and its use
     token_us: float = 20.0       # per token: argmax hand-off, embedding row, token flag
 
 
-# Fitted by fit_engine_params() to tune/data/h200-engine-measurements.parquet; refit with
-# `python -m kog.tune.simulator --fit-engine`. Numbers and error: see engine_calibration_error().
-ENGINE_FITTED = EngineParams(lat_us=2.061, warp_gbps=10.89, bw_frac=1.0, task_us=0.4309, spill_us=2.25,
-                             pf_us=0.5821, chain_us=6.82, refill_us=0.04189, poll_us=0.2117, token_us=40.4)
-# engine_calibration_error() with these, 39 rows (bundled H200 scan, measured spills where recorded): median
-# 2.8 %, max 22 % in-sample (worst: engine_check ctas_per_sm=3, 168 regs / 58 spills); leave-one-out
-# (`--calibration --loo`, each row predicted by a refit without it): LOO_RECORDED.
-LOO_RECORDED = {"median_abs_pct": 3.74, "max_abs_pct": 29.8}   # measured 2026-11-29 with LOO_ITERS refits
+# Fitted by fit_engine_params() to the 39 rows of tune/data/h200-engine-measurements.parquet plus the 216 rows
+# of the measured sweep (SWEEP_TABLE); refit with `python -m kog.tune.simulator --fit-engine`.
+ENGINE_FITTED = EngineParams(lat_us=0.7109, lat_pf_us=0.4662, warp_gbps=5.317, sm_gbps=35.36, bw_frac=1.0,
+                             task_us=0.341, spill_us=1.205, spill_pow=2.131, pf_us=0.4808, pf_kb_us=0.009275,
+                             chain_us=7.407, refill_us=0.1086, poll_us=0.3193, wait_chunk_us=0.07187, token_us=42.24)
+# Error (engine_calibration_error / sweep_calibration_error, bundled H200 scan): see SWEEP_RECORDED and the
+# module docstring.
 
 MIN_REGS = 96            # ASSUMED: below this register cap the kernel is taken as not runnable (never measured < 128)
-REG_BASE = 127           # FITTED BY HAND to the measured spills: registers the kernel needs besides the weight tile
-SPILLS_PER_REG = 2.0     # FITTED BY HAND: ptxas spill count per register of shortfall (measured 64..434)
+# Register demand of the compiled kernel = REG_BASE + the largest weight chunk held per thread (w), in targeted
+# mode + REG_TARGETED + TARGETED_TILE * w (the chunk's load is issued before the wait, so the tile is live across
+# the spin loop); ptxas spills SPILL_QUAD * shortfall^2 (few for a small shortfall: it first evicts cheap
+# long-lived values; many once the tile itself does not fit). FITTED BY HAND (grid search on log spills; mean abs
+# error 3.6 spills) to ptxas' numbers for the 108 distinct kernels of the measured sweep (engine/regreport.py
+# on engine/kernel.py at ea912ba: tune/data/sim-regreport-llama-3.2-1b-ea912ba.parquet, spills 0..450).
+REG_BASE = 140
+REG_TARGETED = 20
+TARGETED_TILE = 0.5
+SPILL_QUAD = 0.009
 SOFTMAX_Q = 6.0          # ASSUMED: sharpness of the latency-bound / bandwidth-bound blend of a phase
 MAX_SEQ = 640            # ASSUMED: cache span the split attention covers (measured: 10 splits of 64 positions)
 
@@ -400,27 +412,32 @@ def register_cap(cfg: EngineConfig, ctas_per_sm: int | None = None) -> int:
     return min(255, (REGS_PER_SM // (c * cfg.num_warps * 32)) // 8 * 8)
 
 
-def _phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int, int, int]]:
-    """(phase, tasks, K, rows one task streams) per layer (lm: once)."""
+def _phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int, int, int, int]]:
+    """(phase, tasks, K, rows one task streams, K elements per chunk) per layer (lm: once).
+
+    gate_up streams its gate and up tiles together with half the K chunk (kernel.py BK_GU = BK // 2): the
+    same registers as one tile, twice the chunks."""
     H, I = model.hidden_size, model.intermediate_size
-    return [("qkv", model.qkv_size // cfg.bn_qkv, H, cfg.bn_qkv),
-            ("o", H // cfg.bn_o, model.q_size, cfg.bn_o),
-            ("gate_up", I // cfg.bn_gate_up, H, 2 * cfg.bn_gate_up),    # gate and up tiles of one task
-            ("down", H // cfg.bn_down, I, cfg.bn_down),
-            ("lm", model.vocab_size // cfg.bn_lm, H, cfg.bn_lm)]
+    bk = cfg.block_k
+    bk_gu = bk // 2 if bk >= 128 else bk
+    return [("qkv", model.qkv_size // cfg.bn_qkv, H, cfg.bn_qkv, bk),
+            ("o", H // cfg.bn_o, model.q_size, cfg.bn_o, bk),
+            ("gate_up", I // cfg.bn_gate_up, H, 2 * cfg.bn_gate_up, bk_gu),
+            ("down", H // cfg.bn_down, I, cfg.bn_down, bk),
+            ("lm", model.vocab_size // cfg.bn_lm, H, cfg.bn_lm, bk)]
 
 
 def estimate_spills(model: ModelConfig, cfg: EngineConfig) -> tuple[int, float]:
-    """(registers, spills) the compiled kernel is expected to have: demand = REG_BASE + the largest weight
-    chunk held per thread (bf16 pairs in 32-bit registers); what exceeds the cap spills. Checked against the
-    measured regs/spills of the bench rows (spills 0..434) in tests; a crude estimate, the GPU backend has the
-    compiler's real numbers."""
+    """(registers, spills) the compiled kernel is expected to have: demand = REG_BASE + the largest weight chunk
+    held per thread (bf16 pairs in 32-bit registers) (+ the targeted wait's share); the shortfall spills. A crude
+    estimate (the kernel is one function: its worst phase decides); the GPU backend has the compiler's real
+    numbers and engine/regreport.py reproduces them without a GPU."""
     es = DTYPE_BYTES.get(model.dtype, 2)
     threads = 32 * cfg.num_warps
-    w = max(rows * min(cfg.block_k, K) * es / 4 / threads for _, _, K, rows in _phase_shapes(model, cfg))
+    w = max(rows * min(bk, K) * es / 4 / threads for _, _, K, rows, bk in _phase_shapes(model, cfg))
     cap = register_cap(cfg)
-    demand = REG_BASE + w
-    return min(cap, int(math.ceil(demand))), max(0.0, SPILLS_PER_REG * (demand - cap))
+    demand = REG_BASE + w + (REG_TARGETED + TARGETED_TILE * w if cfg.mode == "targeted" else 0.0)
+    return min(cap, int(math.ceil(demand))), float(round(SPILL_QUAD * max(0.0, demand - cap) ** 2))
 
 
 def engine_max_ctas_per_sm(cfg: EngineConfig) -> int:
@@ -443,17 +460,21 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
 
     Structure (what a CTA does, from engine/plan.py): per layer qkv -> attention -> o -> gate_up -> down, then
     the LM head; tasks dealt to G = sms * ctas_per_sm persistent CTAs.
-      streaming: per phase, soft-max of the latency-bound time (each task: chunks x (lat + bytes / CTA rate),
-                 spread over G CTAs) and the bandwidth-bound time (bytes / (bw_frac * scan bandwidth)).
-      other:     per task task_us (+ spill and prefetch costs), per token token_us.
+      streaming: per phase, soft-max of the latency-bound time (each task: chunks x (load latency + spill
+                 cost) + bytes / CTA rate, spread over G CTAs) and the bandwidth-bound time (bytes /
+                 (bw_frac * scan bandwidth)). With prefetch on, a task's tile was pulled into L2 by the task
+                 before it: its chunks see lat_pf_us instead of lat_us.
+      other:     per task task_us (+ the prefetch's issue cost: pf_us + pf_kb_us per KiB of the tile),
+                 per token token_us; in targeted mode the wait check of every chunk (wait_chunk_us).
       waiting (targeted) per phase boundary: the scan's flag latency, the producer's tail (the last round
                  of its tasks: ceil(n/G) - n/G of a task time; an RMSNorm consumer or a counter covering all
                  rows waits for it) and counter polls; per layer the attention chain.
       barrier (grid): per phase boundary the scan's barrier + refill_us + the producer's tail; per layer the
                  attention phase (the chain) is spent at the barrier too.
-    Mapping is not modelled (measured within 4% of each other). `spills`: the compiler's count if known,
-    else estimate_spills(). `attn_split`: the current engine (one task per KV head and cache block, the
-    last arriver merges); False = the older per-KV-head task looping over the cache."""
+    Mapping is not modelled (round-robin vs topology: within 1.5 % on average in the measured sweep).
+    `spills`: the compiler's count if known, else estimate_spills(). `attn_split`: the current engine (one
+    task per KV head and cache block, the last arriver merges); False = the older per-KV-head task looping
+    over the cache."""
     scan = scan or load_scan()
     p = params or ENGINE_FITTED
     es = DTYPE_BYTES.get(model.dtype, 2)
@@ -465,21 +486,24 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
         spills = estimate_spills(model, cfg)[1]
     L = model.num_layers
     G = scan.sms * cfg.ctas_per_sm
-    cta_rate = p.warp_gbps * cfg.num_warps * 1e3          # bytes/us one CTA drains
+    cta_rate = min(p.warp_gbps * cfg.num_warps, p.sm_gbps / cfg.ctas_per_sm) * 1e3   # bytes/us one CTA drains
     bw = p.bw_frac * scan.bandwidth_gbps(scan.sms) * 1e3   # bytes/us the chip streams
-    per_task = p.task_us + p.pf_us * min(cfg.prefetch, 2)
+    lat = p.lat_pf_us if cfg.prefetch > 0 else p.lat_us     # a prefetched tile is in L2 when its task runs
+    per_chunk = lat + p.spill_us * (spills / 100.0) ** p.spill_pow
     counter_rows = cfg.sync_rows or cfg.block_k
+    targeted = cfg.mode != "grid"
 
     stream = wait = barrier = other = 0.0
     t_task: dict[str, float] = {}
     tail: dict[str, float] = {}
-    for name, n, K, rows in _phase_shapes(model, cfg):
+    for name, n, K, rows, bk in _phase_shapes(model, cfg):
         reps = 1 if name == "lm" else L
-        chunks = math.ceil(K / cfg.block_k)
+        chunks = math.ceil(K / bk)
         task_bytes = rows * K * es
-        t_mem = chunks * (p.lat_us + p.spill_us * spills / 100.0) + task_bytes / cta_rate
-        lat_bound = n / G * t_mem
+        lat_bound = n / G * (chunks * per_chunk + task_bytes / cta_rate)
         bw_bound = n * task_bytes / bw
+        per_task = p.task_us + (p.pf_us + p.pf_kb_us * task_bytes / 1024 if cfg.prefetch > 0 else 0.0) \
+            + (p.wait_chunk_us * chunks if targeted else 0.0)
         stream += reps * _softmax(lat_bound, bw_bound)
         other += reps * n / G * per_task
         # a task's wall time when the chip is busy (the phase's time per task round)
@@ -495,14 +519,14 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
         n_attn = model.num_kv_heads
         seq_blocks, merge = max(1, math.ceil(context / cfg.attn_block)), 0.0
     chain = p.chain_us + seq_blocks * blk_bytes / cta_rate + (seq_blocks - 1) * p.lat_us + merge
-    other += L * n_attn / G * per_task
+    other += L * n_attn / G * p.task_us
 
     prev = {"qkv": "down", "o": None, "gate_up": "o", "down": "gate_up", "lm": "down"}
     reads = {"qkv": model.hidden_size, "o": model.q_size, "gate_up": model.hidden_size,
              "down": model.intermediate_size, "lm": model.hidden_size}
     needs_all = {"qkv": True, "o": False, "gate_up": True, "down": False, "lm": True}   # RMSNorm first
     shapes = {s[0]: s for s in _phase_shapes(model, cfg)}
-    if cfg.mode == "grid":
+    if not targeted:
         bar = scan.barrier_us(G) + p.refill_us
         for name in ("qkv", "o", "gate_up", "down"):     # 5 barriers per layer: after qkv, attn, o, gate_up, down
             barrier += L * (bar + tail[name])
@@ -529,8 +553,8 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
 
 
 # ---- engine calibration --------------------------------------------------------------------------
-_ENGINE_FREE = ("lat_us", "warp_gbps", "bw_frac", "task_us", "spill_us", "pf_us", "chain_us", "refill_us",
-                "poll_us", "token_us")
+_ENGINE_FREE = ("lat_us", "lat_pf_us", "warp_gbps", "sm_gbps", "bw_frac", "task_us", "spill_us", "spill_pow", "pf_us", "pf_kb_us",
+                "chain_us", "refill_us", "poll_us", "wait_chunk_us", "token_us")
 _BD_PARTS = ("streaming", "waiting", "barrier", "other")
 BD_WEIGHT = 0.3          # ASSUMED: weight of the breakdown terms against the tok/s term in the fit loss
 
@@ -569,6 +593,34 @@ def _engine_rows(df=None) -> list[_Row]:
     return out
 
 
+SWEEP_TABLE = Path(__file__).resolve().parent / "data" / "nvidia-h200-llama-3.2-1b-sweep.parquet"
+# The measured sweep (tune/sweep.py DEFAULT_SUBSPACE, 216 configs, engine commit ea912ba, llama-3.2-1b bf16):
+# 16-token prompt, 128 new tokens x 3 repeats (median): the cache holds 16 + 64 positions on average.
+SWEEP_CONTEXT = 16 + 64
+
+
+def load_sweep_measurements(path: str | Path | None = None):
+    """The measured sweep's rows with status ok (None when the table is absent)."""
+    import pandas as pd
+    path = Path(path) if path else SWEEP_TABLE
+    if not path.exists():
+        return None
+    df = pd.read_parquet(path)
+    return df[(df["status"] == "ok") & df["tok_per_s"].notna()].reset_index(drop=True)
+
+
+def _sweep_rows(df=None) -> list[_Row]:
+    """The sweep as calibration rows: spills unknown (NaN -> estimate_spills), split attention, no breakdown."""
+    from kog.engine.config import preset
+    from kog.tune.sweep import to_engine_config, PARAM_COLUMNS
+    df = load_sweep_measurements() if df is None else df
+    if df is None:
+        return []
+    nan = float("nan")
+    return [_Row(preset(r.get("model", "llama-3.2-1b")), to_engine_config({k: r[k] for k in PARAM_COLUMNS}),
+                 SWEEP_CONTEXT, True, nan, float(r["tok_per_s"]), (nan,) * 4) for r in df.to_dict("records")]
+
+
 def _row_predict(r: _Row, scan: ScanModel, p: EngineParams, measured_spills: bool = True) -> Prediction:
     return predict_engine(r.model, r.cfg, scan, p, context=r.context, attn_split=r.attn_split,
                           spills=r.spills if measured_spills else None)
@@ -597,8 +649,9 @@ def _mk_engine(x: np.ndarray, base: EngineParams) -> EngineParams:
 def fit_engine_params(rows: list[_Row] | None = None, scan: ScanModel | None = None, iters: int = 3000,
                       start: EngineParams | None = None, measured_spills: bool = True) -> EngineParams:
     """Fit EngineParams to measured rows: Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of
-    tok/s + BD_WEIGHT * mean |log ratio| of the breakdown parts the row has."""
-    rows = _engine_rows() if rows is None else rows
+    tok/s + BD_WEIGHT * mean |log ratio| of the breakdown parts the row has. Default rows: the 39 engine
+    rows + the measured sweep (its spills estimated)."""
+    rows = _engine_rows() + _sweep_rows() if rows is None else rows
     scan = scan or calibration_scan()
     base = start or EngineParams()
     x0 = np.log([getattr(base, k) for k in _ENGINE_FREE])
@@ -645,6 +698,75 @@ def engine_calibration_error(params: EngineParams | None = None, scan: ScanModel
     return out
 
 
+def spearman(a, b) -> float:
+    """Spearman rank correlation (average ranks for ties), numpy only."""
+    def ranks(x):
+        x = np.asarray(x, float)
+        order = np.argsort(x, kind="mergesort")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        for v in np.unique(x):            # ties share their mean rank
+            m = x == v
+            if m.sum() > 1:
+                r[m] = r[m].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def sweep_errors(params: EngineParams | None = None, scan: ScanModel | None = None, df=None):
+    """The measured sweep (SWEEP_TABLE) with pred_tok_s, err_pct (estimated spills); None when absent."""
+    df = load_sweep_measurements() if df is None else df
+    if df is None:
+        return None
+    scan = scan or calibration_scan()
+    p = params or ENGINE_FITTED
+    df = df.copy()
+    df["pred_tok_s"] = [_row_predict(r, scan, p).tok_per_s for r in _sweep_rows(df)]
+    df["err_pct"] = (df["pred_tok_s"] - df["tok_per_s"]) / df["tok_per_s"] * 100
+    return df
+
+
+def _sweep_summary(meas: np.ndarray, pred: np.ndarray) -> dict[str, Any]:
+    e = np.abs(pred - meas) / meas * 100
+    best = int(np.argmax(meas))
+    pick = int(np.argmax(pred))
+    return {"rows": int(len(meas)), "median_abs_pct": float(np.median(e)),
+            "p90_abs_pct": float(np.percentile(e, 90)), "max_abs_pct": float(e.max()),
+            "spearman": spearman(pred, meas), "measured_best_tok_s": float(meas[best]),
+            "predicted_best_index": pick, "predicted_best_measured_tok_s": float(meas[pick]),
+            "predicted_best_within_2pct": bool(meas[pick] >= 0.98 * meas[best])}
+
+
+def sweep_calibration_error(params: EngineParams | None = None, scan: ScanModel | None = None,
+                            cv: int = 0, seed: int = 0, iters: int | None = None) -> dict[str, Any] | None:
+    """Error of the engine model on the measured sweep: in-sample with `params` (default ENGINE_FITTED), and
+    with cv = k > 1 also k-fold cross-validated: each fold of sweep rows is predicted by a refit (started
+    from `params`, CV_ITERS Nelder-Mead steps) on the other folds + the 39 engine rows. Also the ranking:
+    Spearman of predicted vs measured tok/s and whether the predicted best config measures within 2 % of
+    the measured best. None when the sweep table is absent."""
+    df = sweep_errors(params, scan)
+    if df is None:
+        return None
+    scan = scan or calibration_scan()
+    meas = df["tok_per_s"].to_numpy(float)
+    out = {"in_sample": _sweep_summary(meas, df["pred_tok_s"].to_numpy(float)), "table": SWEEP_TABLE.name}
+    if cv > 1:
+        rows, eng = _sweep_rows(), _engine_rows()
+        fold = np.random.default_rng(seed).permutation(len(rows)) % cv
+        pred = np.empty(len(rows))
+        for f in range(cv):
+            train = eng + [r for r, k in zip(rows, fold) if k != f]
+            fp = fit_engine_params(train, scan, iters=iters or CV_ITERS, start=params or ENGINE_FITTED)
+            for i in np.flatnonzero(fold == f):
+                pred[i] = _row_predict(rows[i], scan, fp).tok_per_s
+        out["cv"] = dict(_sweep_summary(meas, pred), folds=cv, seed=seed)
+    return out
+
+
+CV_ITERS = 1500          # refit iterations per fold, started from the full fit
+
+
 LOO_ITERS = 400          # refit iterations per left-out row, started from the full fit
 
 
@@ -687,11 +809,13 @@ def _fmt_params(p) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m kog.tune.simulator [--calibration] [--loo] [--fit] [--fit-engine] [--extract]"""
+    """python -m kog.tune.simulator [--calibration [--loo] [--cv K]] [--fit] [--fit-engine] [--extract]"""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m kog.tune.simulator")
     ap.add_argument("--calibration", action="store_true", help="errors against the anchors and the engine rows")
     ap.add_argument("--loo", action="store_true", help="with --calibration: leave-one-out error too (~1-2 min)")
+    ap.add_argument("--cv", type=int, default=0, metavar="K",
+                    help="with --calibration: K-fold cross-validated error on the measured sweep too (~1-2 min)")
     ap.add_argument("--fit", action="store_true", help="refit the anchor (stream) parameters")
     ap.add_argument("--fit-engine", action="store_true", help="refit the engine parameters to the measured rows")
     ap.add_argument("--extract", action="store_true", help=f"rebuild {ENGINE_TABLE.name} from bench/h200")
@@ -708,12 +832,21 @@ def main(argv: list[str] | None = None) -> int:
         fp = fit_engine_params()
         print(_fmt_params(fp))
         print(engine_calibration_error(fp))
+        print("sweep:", sweep_calibration_error(fp))
     if a.calibration or not (a.extract or a.fit or a.fit_engine):
         try:
             print("stream anchors:", calibration_error())
         except FileNotFoundError as e:
             print("stream anchors: not available:", e)
         print("engine rows:", engine_calibration_error(loo=a.loo))
+        sw = sweep_calibration_error(cv=a.cv)
+        if sw is None:
+            print(f"measured sweep: not available ({SWEEP_TABLE.name} absent)")
+        else:
+            for k in ("in_sample", "cv"):
+                if k in sw:
+                    print(f"measured sweep ({k}):", {n: (round(v, 3) if isinstance(v, float) else v)
+                                                     for n, v in sw[k].items()})
     return 0
 
 
