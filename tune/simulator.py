@@ -10,30 +10,41 @@ Two models live here:
    (26 rows; `calibration_error()`: median 5.2 %, max 22 %). Kept as the stream-ceiling reference.
 
 2. The ENGINE model (predict_engine, EngineParams/ENGINE_FITTED; `predict()` uses it): the real monokernel
-   (engine/kernel.py, plan.py), fitted to every config measured on the lent H200 (39 rows of
-   tune/data/h200-engine-measurements.parquet, extracted from bench/h200/*.json by
-   extract_engine_measurements(); each row has its full EngineConfig reconstructed from the defaults of the
-   commit it ran and the engine commit in a column). What it models:
+   (engine/kernel.py, plan.py), fitted to every config measured on the lent H200: the 39 rows of
+   tune/data/h200-engine-measurements.parquet (several engine versions, extracted from bench/h200/*.json by
+   extract_engine_measurements()) + the 216 rows of the exhaustive sweep tune/data/nvidia-h200-llama-3.2-1b-
+   sweep.parquet (engine ea912ba; spills unknown -> estimate_spills(); context 16 + 64; split attention).
+   What it models:
      * register-limited co-residency: the engine caps registers at 64K / (ctas_per_sm * threads) (255 max);
-       what the kernel needs beyond the cap spills, and spills cost time per weight chunk (measured: 128
-       regs -> 64..434 spills, 20-45 % slower than the 255-reg 2-CTA/SM configs);
-     * per-task overhead (task_us; ENGINE_NOTES measured ~0.7 us in other+streaming), prefetch issue cost;
-     * streaming per phase: latency-bound (chunks x loaded latency, CTA issue rate) blended with the scan's
-       bandwidth (bw_frac of it);
+       the demand (estimate_spills: base + largest weight chunk per thread, more in targeted mode) beyond the
+       cap spills (quadratic in the shortfall, fitted to ptxas for the sweep's 108 kernels), and spills cost
+       time per weight chunk, growing as (spills/100)^spill_pow (the tile itself spills past ~150);
+     * per-task overhead (task_us), the L2 prefetch (issue cost per task and per KiB; the prefetched tile's
+       chunks see lat_pf_us instead of lat_us), targeted mode's wait check per chunk;
+     * streaming per phase: latency-bound (chunks x loaded latency, CTA drain rate capped by an SM's rate
+       shared by its CTAs) blended with the scan's bandwidth (bw_frac of it); gate_up: half-K chunks;
      * targeted mode: per phase boundary the flag latency, the producer's last-round tail, counter polls;
        grid mode: per boundary the scan's barrier + refill + the same tail;
      * the attention chain per layer (qkv -> attention -> merge -> o), split or per-KV-head attention.
    FITTED (Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of tok/s + 0.3 x the breakdown
-   parts where the row has a trustworthy breakdown): the 10 EngineParams fields.
-   ASSUMED (not fitted): MIN_REGS, SOFTMAX_Q, MAX_SEQ, BD_WEIGHT; REG_BASE and SPILLS_PER_REG were set by
-   hand against the measured spills; mapping (round-robin / contiguous / topology) is NOT modelled (the
-   measured difference was <= 5 %); the engine versions differ in code (prefetch and attention changes)
-   and the model only knows the attention split and the recorded spills of each row.
-   Error (`python -m kog.tune.simulator --calibration [--loo]`, engine_calibration_error()): in-sample
-   median 2.8 %, max 22 % (with the compiler's spill counts; 4.4 % / 29 % with estimated spills);
-   leave-one-out median 3.7 %, max 30 %. The worst rows are the spilling 3-4 CTA/SM configs of the oldest
-   version. Only two models (llama-3.2-1b, sheared-llama-2.7b: 4 rows) and one GPU: other shapes and GPUs
-   are extrapolation.
+   parts where the row has a trustworthy breakdown): the 16 EngineParams fields.
+   ASSUMED (not fitted): MIN_REGS, SOFTMAX_Q, MAX_SEQ, BD_WEIGHT; the spill estimate's constants were fitted
+   by hand to ptxas (engine/regreport.py); mapping (round-robin / topology / contiguous) is NOT modelled
+   (topology measured 1.5 % slower on average in the sweep, within noise of most pairs).
+   Error (`python -m kog.tune.simulator --calibration [--cv 5] [--loo]`; sweep_calibration_error(),
+   engine_calibration_error()), measured 2026-11-29 with ENGINE_FITTED, bundled H200 scan:
+     measured sweep, 216 rows, before this fit (old model fitted to the 39 rows only): median 17.9 %,
+       p90 39 %, max 235 %;
+     measured sweep, in-sample (fitted on all 255 rows): median 5.7 %, p90 18.6 %, max 56 % (worst: targeted
+       4 CTAs/SM spilling configs), Spearman 0.89, predicted best (grid, 2 CTAs/SM, block_k 4096, bn 8) measures
+       862.6 tok/s = within 2 % of the measured best 871.9;
+     measured sweep, 5-fold cross-validated (fit on 4/5 of the sweep + the 39 rows, predict the held-out
+       fifth; folds by a seed-0 permutation, each refit CV_ITERS steps started from ENGINE_FITTED, so the
+       start point has seen every row): median 5.9 %, p90 17.3 %, max 58 %, Spearman 0.88, predicted best
+       the same config (within 2 %);
+     the 39 engine rows, in-sample: median 3.8 %, max 66 % (the old bn_lm=16 row with 434 spills).
+   Only two models (llama-3.2-1b, sheared-llama-2.7b: 4 rows) and one GPU: other shapes and GPUs are
+   extrapolation.
 Against real trials of a study: `trial_error(rows)`.
 """
 from __future__ import annotations
@@ -388,8 +399,8 @@ class EngineParams:
 ENGINE_FITTED = EngineParams(lat_us=0.7109, lat_pf_us=0.4662, warp_gbps=5.317, sm_gbps=35.36, bw_frac=1.0,
                              task_us=0.341, spill_us=1.205, spill_pow=2.131, pf_us=0.4808, pf_kb_us=0.009275,
                              chain_us=7.407, refill_us=0.1086, poll_us=0.3193, wait_chunk_us=0.07187, token_us=42.24)
-# Error (engine_calibration_error / sweep_calibration_error, bundled H200 scan): see SWEEP_RECORDED and the
-# module docstring.
+# Error (engine_calibration_error / sweep_calibration_error, bundled H200 scan): see the module docstring
+# (sweep in-sample median 5.7 % / 5-fold CV 5.9 %, Spearman 0.89 / 0.88).
 
 MIN_REGS = 96            # ASSUMED: below this register cap the kernel is taken as not runnable (never measured < 128)
 # Register demand of the compiled kernel = REG_BASE + the largest weight chunk held per thread (w), in targeted
