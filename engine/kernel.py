@@ -396,6 +396,125 @@ def _trace(trace_ptr, cta, tr, trace_cap, t_start, waited, ti, step, VENDOR: tl.
              | tl.cast(ti, tl.int64))
 
 
+# ---- tensor parallelism (TP constexpr): the cross-GPU exchange --------------------------------------------
+# tp_ptr: an int64 table per rank (kog.engine.tp_monokernel builds it): [0] rank, [1] first global token id of
+# this rank's LM-head rows, [2] the sample flag's index, then four blocks of NR peer addresses (data_ptr()s,
+# turned into pointers in-kernel): receive buffers, flags, sample scores, sample tokens. One table argument
+# instead of 4*G pointer arguments keeps the signature independent of G (and the single-GPU kernel, which
+# gets tp_ptr=None, a constexpr, has exactly its old parameter list).
+TPX_RECV: tl.constexpr = tl.constexpr(8)
+FLAG_STRIDE: tl.constexpr = tl.constexpr(32)     # int32 per flag (kog.engine.tp_plan.FLAG_STRIDE)
+T_XPUSH: tl.constexpr = tl.constexpr(7)
+T_XRED: tl.constexpr = tl.constexpr(8)
+
+
+@triton.jit
+def _peer_ptr(tp_ptr, block, peer, NR: tl.constexpr, DTYPE: tl.constexpr):
+    """Address `peer` of table block `block` (0 recv, 1 flags, 2 sample scores, 3 sample tokens)."""
+    a = tl.load(tp_ptr + TPX_RECV + block * NR + peer)
+    return a.to(tl.pointer_type(DTYPE))
+
+
+@triton.jit
+def _spin_flag(flag_ptr, target, sync_ptr, err_ptr, max_spin, what, task):
+    """_spin_until for a flag that PEER GPUs bump: the same bounded poll, but the acquire is system scope
+    (it pairs with the producers' system-scope release over NVLink)."""
+    if target > 0:
+        v = tl.load(flag_ptr, volatile=True)
+        n = 0
+        ab = 0
+        while (v < target) & (n < max_spin) & (ab == 0):
+            v = tl.load(flag_ptr, volatile=True)
+            n += 1
+            if n % 64 == 0:
+                ab = tl.load(sync_ptr + S_ABORT, volatile=True)
+        if v >= target:
+            tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+        elif ab == 0:
+            if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
+                tl.store(err_ptr + 0, 1)
+                tl.store(err_ptr + 1, what)
+                tl.store(err_ptr + 2, task)
+                tl.store(err_ptr + 3, target)
+                tl.store(err_ptr + 4, v)
+
+
+@triton.jit
+def _tp_task(typ, layer, chunk, trow, ti, t1, act_ptr, aoff_ptr, lrow, cnt_ptr, tgt_ptr, cb, rpc_ptr, rb, rm,
+             pend_n, sync_ptr, err_ptr, max_spin, w_ptr, tasks_ptr, t_hi, tp_ptr, t_start, H: tl.constexpr,
+             L: tl.constexpr, DT: tl.constexpr, UPO: tl.constexpr, PFB: tl.constexpr, TRACE: tl.constexpr,
+             VENDOR: tl.constexpr, NR: tl.constexpr, XR: tl.constexpr):
+    """XPUSH / XRED of one exchange chunk (kog.engine.tp_plan). Task row: type, layer, chunk, point
+    (0 after O, 1 after down), flag index, 0, local counter it releases, first counter it waits on.
+
+    xpush: wait for this rank's partial rows of the chunk, store them into every rank's
+           recv[layer, point, rank, rows] (peer stores over NVLink; our own slot is a local store), then bump
+           each rank's chunk flag with a system-scope release.
+    xred:  wait (system-scope acquire) until the chunk's flag counts NR arrivals for this token and for the
+           residual rows, sum the NR partials in rank order 0..NR-1 in float32, add the residual, round to the
+           model dtype once (kog.engine.tp.TPReference), store the new hidden rows; published by the caller's
+           deferred release like any tile."""
+    waited = tl.zeros([], dtype=tl.int64)
+    pt = tl.load(trow + 3)
+    f = tl.load(trow + 4)
+    rank = tl.load(tp_ptr + 0).to(tl.int32)
+    rows = chunk * XR + tl.arange(0, XR)
+    slot = (layer * 2 + pt) * NR
+    if typ == T_XPUSH:
+        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 5 + pt), chunk * XR, (chunk + 1) * XR, t1,
+                            rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, UPO, PFB, VENDOR)
+        if TRACE:
+            waited = global_time_ns(VENDOR) - t_start
+        x = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 5 + pt) + rows, cache_modifier=".cg")
+        for p in tl.static_range(NR):
+            dst = _peer_ptr(tp_ptr, 0, p, NR, tl.float32) + tl.cast(slot + rank, tl.int64) * H
+            tl.store(dst + rows, x)
+        tl.debug_barrier()    # every thread's stores happen-before the releases below
+        for p in tl.static_range(NR):
+            fl = _peer_ptr(tp_ptr, 1, p, NR, tl.int32) + tl.cast(f, tl.int64) * FLAG_STRIDE
+            tl.atomic_add(fl, 1, sem="release", scope="sys")
+    elif typ == T_XRED:
+        fl = _peer_ptr(tp_ptr, 1, rank, NR, tl.int32) + tl.cast(f, tl.int64) * FLAG_STRIDE
+        _spin_flag(fl, t1 * NR, sync_ptr, err_ptr, max_spin, -16 - f, ti)
+        # the residual: the layer's input rows (point 0) or hmid (point 1)
+        rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4 - 2 * pt), chunk * XR, (chunk + 1) * XR, t1,
+                            rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, UPO, PFB, VENDOR)
+        if TRACE:
+            waited = global_time_ns(VENDOR) - t_start
+        recv = _peer_ptr(tp_ptr, 0, rank, NR, tl.float32) + tl.cast(slot, tl.int64) * H
+        acc = tl.load(recv + rows, cache_modifier=".cg")
+        for p in tl.static_range(1, NR):
+            acc += tl.load(recv + p * H + rows, cache_modifier=".cg")
+        h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3 * pt) + rows, cache_modifier=".cg")
+        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3 + 4 * pt) + rows, _rnd(h + acc, DT))
+        pend_n += 1
+    return waited, rb, rm, pend_n
+
+
+@triton.jit
+def _tp_pick(b, tok, step, t1, tp_ptr, sync_ptr, err_ptr, max_spin, NR: tl.constexpr):
+    """Vocab-parallel sampling across ranks (run by the last CTA of a token): push this rank's best
+    (score, global id) into every rank's slot [token parity, rank], bump every rank's sample flag, wait for
+    all NR candidates, and take the max, ties to the lowest id (= kog.engine.tp.vocab_parallel_pick)."""
+    rank = tl.load(tp_ptr + 0).to(tl.int32)
+    sf = tl.load(tp_ptr + 2).to(tl.int32)
+    par = (step % 2) * NR
+    for p in tl.static_range(NR):
+        tl.store(_peer_ptr(tp_ptr, 2, p, NR, tl.float32) + par + rank, b)
+        tl.store(_peer_ptr(tp_ptr, 3, p, NR, tl.int32) + par + rank, tok)
+    tl.debug_barrier()
+    for p in tl.static_range(NR):
+        tl.atomic_add(_peer_ptr(tp_ptr, 1, p, NR, tl.int32) + tl.cast(sf, tl.int64) * FLAG_STRIDE, 1,
+                      sem="release", scope="sys")
+    fl = _peer_ptr(tp_ptr, 1, rank, NR, tl.int32) + tl.cast(sf, tl.int64) * FLAG_STRIDE
+    _spin_flag(fl, t1 * NR, sync_ptr, err_ptr, max_spin, -16 - sf, -1)
+    rr = tl.arange(0, NR)
+    sv = tl.load(_peer_ptr(tp_ptr, 2, rank, NR, tl.float32) + par + rr, cache_modifier=".cg")
+    si = tl.load(_peer_ptr(tp_ptr, 3, rank, NR, tl.int32) + par + rr, cache_modifier=".cg")
+    best = tl.max(sv, axis=0)
+    return tl.min(tl.where(sv == best, si, 2147483647), axis=0)
+
+
 # Run parameters and plan-derived sizes are never specialized: Triton would otherwise compile a new variant
 # whenever one of them crosses "== 1" or "% 16 == 0" (a 512-token run after an 8-token warm-up; two plans
 # whose counter counts differ), which costs seconds per launch and defeats kogtune's precompile.
@@ -423,12 +542,16 @@ def monokernel(
     MODE: tl.constexpr, PREFETCH: tl.constexpr, SAMPLE: tl.constexpr,
     TRACE: tl.constexpr, VENDOR: tl.constexpr, FILTER_ITERS: tl.constexpr,
     PF_DIST: tl.constexpr, NLP: tl.constexpr, PFB: tl.constexpr,
+    # tensor parallelism (kog.engine.tp_monokernel): off by default, and then the kernel is the single-GPU one
+    TP: tl.constexpr = False, NR: tl.constexpr = 1, XR: tl.constexpr = 1, VR: tl.constexpr = 0,
+    tp_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
     WAIT: tl.constexpr = MODE == 1
     DT: tl.constexpr = w_ptr.dtype.element_ty
     BK_GU: tl.constexpr = BK // 2 if BK >= 128 else BK   # gate+up: two tiles, same registers as one
+    AW: tl.constexpr = 7 if TP else 5                      # columns of the activation-offset table
     nprog = tl.num_programs(0)
     pid = tl.program_id(0)
     rs = tl.arange(0, GPOW)
@@ -488,7 +611,7 @@ def monokernel(
                 else:
                     t_start = tl.zeros([], dtype=tl.int64)
                 waited = tl.zeros([], dtype=tl.int64)
-                lrow = layer * 5
+                lrow = layer * AW
                 if typ == T_QKV:
                     rows = tile * BN_QKV + tl.arange(0, BN_QKV)
                     # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
@@ -543,8 +666,11 @@ def monokernel(
                                                     cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr,
                                                     err_ptr, max_spin, ti, tasks_ptr, t_hi, QS, BN_O, BK, False, WAIT,
                                                     I * H, PFB, TRACE, VENDOR)
-                    h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT))
+                    if TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(acc, DT))
+                    else:
+                        h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT))
                     pend_n += 1
                 elif typ == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
@@ -564,8 +690,11 @@ def monokernel(
                                                     cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr,
                                                     err_ptr, max_spin, ti, tasks_ptr, t_hi, I, BN_DOWN, BK, False, WAIT,
                                                     I * H, PFB, TRACE, VENDOR)
-                    hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT))
+                    if TP:
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 6) + rows, _rnd(acc, DT))
+                    else:
+                        hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT))
                     pend_n += 1
                 elif typ == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
@@ -580,12 +709,23 @@ def monokernel(
                     if SAMPLE == 2:
                         sc = lg * inv_temp
                         tl.store(partial_v_ptr + GPOW + rows, sc)   # scaled logits for the filter passes
+                    elif TP:     # vocab parallel: scores and picks are keyed by the global token id
+                        gid = tl.load(tp_ptr + 1).to(tl.int32) + rows
+                        sc = gumbel_scores(lg, gid, pos, seed, inv_temp, VR, SAMPLE)
                     else:
                         sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
-                    b, bi = tile_best(sc, rows, rows < V)
+                    if TP:
+                        b, bi = tile_best(sc, gid, gid < VR)
+                    else:
+                        b, bi = tile_best(sc, rows, rows < V)
                     take = b > best_v
                     best_v = tl.where(take, b, best_v)
                     best_i = tl.where(take, bi, best_i)
+                elif TP:   # the cross-GPU exchange (targeted mode only: a TP plan has no barriers)
+                    waited, rb, rm, pend_n = _tp_task(typ, layer, tile, trow, ti, t1, act_ptr, aoff_ptr, lrow,
+                                                      cnt_ptr, tgt_ptr, cb, rpc_ptr, rb, rm, pend_n, sync_ptr,
+                                                      err_ptr, max_spin, w_ptr, tasks_ptr, t_hi, tp_ptr, t_start,
+                                                      H, L, DT, I * H, PFB, TRACE, VENDOR, NR, XR)
                 else:  # T_BAR: grid mode's global barrier after a phase
                     tl.debug_barrier()
                     tl.atomic_add(sync_ptr + S_BAR, 1, sem="release", scope="gpu")
@@ -610,6 +750,8 @@ def monokernel(
                 pv = tl.load(partial_v_ptr + rs, mask=rs < nprog, other=float("-inf"), cache_modifier=".cg")
                 pi = tl.load(partial_i_ptr + rs, mask=rs < nprog, other=0, cache_modifier=".cg")
                 b, tok = tile_best(pv, pi, rs < nprog)
+                if TP:    # every rank's best to every rank; all take the same max (ties: lowest id)
+                    tok = _tp_pick(b, tok, step, t1, tp_ptr, sync_ptr, err_ptr, max_spin, NR)
                 if SAMPLE == 2:
                     tok = filtered_sample(partial_v_ptr + GPOW, V, b, top_k, top_p, seed, pos, 256, FILTER_ITERS)
                 if force != 0:

@@ -205,7 +205,17 @@ class Monokernel:
     # ---- launching ------------------------------------------------------------------------------------
     def _launch(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,
                 top_k: int, top_p: float, seed: int, write_logits: bool, trace: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from kog.engine.kernel import monokernel
+        out, logits, args, meta = self._launch_args(first_token, pos0, n, forced, temperature, top_k, top_p, seed,
+                                                    write_logits, trace)
+        self._compile(args, meta)
+        self._start(args, meta)
+        self._check_error()
+        return out, (logits if write_logits else None)
+
+    def _launch_args(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,
+                     top_k: int, top_p: float, seed: int, write_logits: bool, trace: bool):
+        """(out, logits, args, meta) of one launch; resets the counters, sync words and the first input.
+        Split from _launch so the tensor-parallel launcher starts G of them before it synchronizes any."""
         cfg, e, p = self.cfg, self.ecfg, self.plan
         if pos0 + n > self.max_seq:
             raise ConfigError(f"{pos0 + n} positions exceed the KV cache's max_seq {self.max_seq}")
@@ -241,14 +251,20 @@ class Monokernel:
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
         if self.vendor != INTERPRET:
             meta["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
-            if self.compile_seconds is None:
-                t0 = time.perf_counter()
-                k = monokernel.warmup(*args, grid=(p.grid,), **meta)
-                self.compile_seconds = time.perf_counter() - t0
-                self._check_residency(k)
-        monokernel[(p.grid,)](*args, **meta)
-        self._check_error()
-        return out, (logits if write_logits else None)
+        return out, logits, args, meta
+
+    def _compile(self, args, meta) -> None:
+        """First launch on a GPU: compile (timed) and check that the grid is co-resident."""
+        from kog.engine.kernel import monokernel
+        if self.vendor != INTERPRET and self.compile_seconds is None:
+            t0 = time.perf_counter()
+            k = monokernel.warmup(*args, grid=(self.plan.grid,), **meta)
+            self.compile_seconds = time.perf_counter() - t0
+            self._check_residency(k)
+
+    def _start(self, args, meta) -> None:
+        from kog.engine.kernel import monokernel
+        monokernel[(self.plan.grid,)](*args, **meta)
 
     def _nlp(self) -> int:
         """128-byte lines of the largest weight tile (power of two): the L2 prefetch vector's length."""

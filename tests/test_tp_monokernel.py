@@ -1,0 +1,101 @@
+"""The tensor-parallel monokernel (engine/tp_monokernel.py, kernel TP=True) under TRITON_INTERPRET=1.
+
+Only G = 1 runs here: the rank's exchange goes to itself (XPUSH stores into its own receive buffer and bumps
+its own flags, XRED waits on them, the token's pick goes through the sample slots), so every TP code path of
+the kernel executes. G >= 2 needs ranks that run at the same time: GPU only (bench/tp_check.py).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kog.engine.config import ConfigError, ModelConfig
+from kog.engine.engine_config import EngineConfig
+from kog.engine.monokernel import Monokernel, MonokernelError
+from kog.engine.reference import Reference
+from kog.engine.tp_monokernel import TPMonokernel, check_exchange_rows
+from kog.engine.tp_plan import T_XRED, XP_O
+from kog.engine.weights import random_weights
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+
+E = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
+                 sync_rows=32, max_spin=3000)
+TINY = {
+    "llama": ModelConfig("llama", 256, 64, 128, 2, 8, 4, 16, name="t-llama"),
+    "qwen2": ModelConfig("qwen2", 256, 64, 128, 2, 8, 4, 16, rms_norm_eps=1e-6, attention_bias=True,
+                         name="t-qwen2"),
+    "qwen3": ModelConfig("qwen3", 256, 64, 128, 2, 8, 4, 32, rms_norm_eps=1e-6, qk_norm=True,
+                         tie_word_embeddings=True, name="t-qwen3"),
+}
+PROMPT = [7, 101, 33, 250, 5, 19]
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return float(((a - b).abs().max(-1).values / b.abs().max(-1).values).max())
+
+
+@pytest.mark.parametrize("arch, dtype, tol", [("llama", torch.float32, 1e-5), ("qwen2", torch.float16, 5e-3),
+                                              ("qwen3", torch.float16, 5e-3)])
+def test_g1_exchange_to_itself_matches_the_unsharded_reference(arch, dtype, tol):
+    cfg = TINY[arch].replace(dtype="float32" if dtype == torch.float32 else "float16").validate()
+    w = random_weights(cfg, "cpu", seed=5, dtype=dtype)
+    ref_tokens = Reference(cfg, w, 64).greedy(PROMPT, 4)
+    ref_logits = Reference(cfg, w, 64).teacher_forced_logits(PROMPT, ref_tokens)
+    tp = TPMonokernel(cfg, w, 1, E, max_seq=64)
+    tp.n_eos = 0
+    logits = tp.teacher_forced_logits(PROMPT, ref_tokens)
+    assert logits.shape == ref_logits.shape == (4, cfg.vocab_size)
+    assert ref_logits.float().std() > 0.1                       # not degenerate
+    assert rel_err(logits, ref_logits) < tol
+    tokens, _ = tp.generate(PROMPT, 4)
+    assert tokens == ref_tokens
+    # the exchange really ran: every reduce chunk's flag counted one arrival per decode step
+    fl = tp.bufs[0]["flags"].view(-1, tp.plan.xl.flag_stride)[:, 0]
+    assert torch.equal(fl, torch.full_like(fl, 4))
+
+
+def test_g1_seeded_sampling_equals_the_single_gpu_kernel():
+    """Gumbel noise is keyed by the global token id and the real vocabulary: G=1 draws what Monokernel draws."""
+    cfg = TINY["llama"].replace(dtype="float32").validate()
+    w = random_weights(cfg, "cpu", seed=2, dtype=torch.float32)
+    mk = Monokernel(cfg, w, E, max_seq=64)
+    mk.n_eos = 0
+    tp = TPMonokernel(cfg, w, 1, E, max_seq=64)
+    tp.n_eos = 0
+    a, _ = mk.generate(PROMPT, 4, temperature=1.3, seed=9)
+    b, _ = tp.generate(PROMPT, 4, temperature=1.3, seed=9)
+    assert a == b
+
+
+def test_a_flag_that_never_fills_is_an_error_naming_rank_flag_and_task():
+    """Point a reduce task at a flag nobody bumps in time (layer 1's, from layer 0): the bounded spin gives up
+    and the host raises one line naming the rank, the flag and the task, instead of hanging."""
+    cfg = TINY["llama"].replace(dtype="float32").validate()
+    w = random_weights(cfg, "cpu", seed=3, dtype=torch.float32)
+    tp = TPMonokernel(cfg, w, 1, E, max_seq=64)
+    rk = tp.ranks[0]
+    t = rk.tasks
+    row = int(((t[:, 0] == T_XRED) & (t[:, 1] == 0) & (t[:, 2] == 0) & (t[:, 3] == XP_O)).nonzero()[0, 0])
+    t[row, 4] = int(tp.plan.xl.flag_layout[1, XP_O])
+    with pytest.raises(MonokernelError, match=r"rank 0: a wait timed out on rank 0 flag layer 1 point o chunk 0 "
+                                              r"in task \d+ \(xred layer 0 tile 0 point o"):
+        tp.generate(PROMPT, 2)
+
+
+def test_configuration_errors_are_one_line():
+    cfg = TINY["llama"].replace(dtype="float32").validate()
+    w = random_weights(cfg, "cpu", seed=3, dtype=torch.float32)
+    with pytest.raises(ConfigError, match="only G=1 runs on the CPU"):
+        TPMonokernel(cfg, w, 2, E, max_seq=64)
+    with pytest.raises(ConfigError, match="not supported with tensor parallelism"):
+        TPMonokernel(cfg, w, 1, E.replace(mode="grid"), max_seq=64)
+    with pytest.raises(ConfigError, match="KV heads do not split"):
+        TPMonokernel(cfg, w, 8, E, max_seq=64)
+    with pytest.raises(ConfigError, match="exchange_rows 64 does not divide the 32 rows"):
+        check_exchange_rows(cfg, E, 64)
+    with pytest.raises(ConfigError, match="multiple of bn_o"):
+        check_exchange_rows(cfg, E, 8)
