@@ -20,8 +20,8 @@ nothing here calls cuMulticastCreate).
 The G launches are issued back to back (each cooperative, on its own device's current stream) after every
 rank's buffers were reset and synchronized; only then is any device synchronized. A wait that can never
 complete ends the kernel with an error record; the host raises MonokernelError naming the rank, the flag or
-counter, and the task. Under TRITON_INTERPRET=1 a launch runs to completion before the next starts, so only
-G = 1 (the exchange goes to the rank itself) runs on the CPU; G >= 2 is GPU only.
+counter, and the task. Under TRITON_INTERPRET=1 (CPU tests) the ranks' 1-CTA launches run in one Python
+thread each (_interpreted_together); G = 1 sends the exchange to the rank itself.
 
 Differences from the plan's spec (kog.engine.tp_plan.task_deps), both equivalent dependencies:
   * XSAMPLE is not a task of the table: the token's last CTA (the one that already reduces the CTAs' picks)
@@ -207,9 +207,6 @@ class TPMonokernel:
             raise ConfigError(f"tensor-parallel degree G={G} is not a power of two (1, 2, 4, 8)")
         self.devices = tp_devices(G, devices)
         self.vendor = vendor_code()
-        if self.vendor == INTERPRET and G > 1:
-            raise ConfigError(f"G={G} needs GPUs: under TRITON_INTERPRET=1 a launch finishes before the next "
-                              f"starts, so ranks cannot wait on each other (only G=1 runs on the CPU)")
         shard = shard_config(cfg, G, pad_vocab)
         ex_cfg = self.ecfg.replace(ctas_per_sm=1) if self.vendor == INTERPRET else self.ecfg
         if exchange_rows is None:
@@ -300,12 +297,21 @@ class TPMonokernel:
                 mk._compile(args, meta)
         if self.compile_seconds is None and self.vendor != INTERPRET:
             self.compile_seconds = time.perf_counter() - t0
-        for mk, (_, _, args, meta) in zip(self.ranks, launches):   # back to back, then synchronize
-            with _on(mk.device):
-                mk._start(args, meta)
+        if self.vendor == INTERPRET and self.G > 1:
+            _interpreted_together(self.ranks, launches)
+        else:
+            for mk, (_, _, args, meta) in zip(self.ranks, launches):   # back to back, then synchronize
+                with _on(mk.device):
+                    mk._start(args, meta)
         self._sync()
-        for mk in self.ranks:
-            mk._check_error()
+        errs = []
+        for mk in self.ranks:         # every rank's record: the first to time out is the cause, the rest wait on it
+            try:
+                mk._check_error()
+            except MonokernelError as e:
+                errs.append(str(e))
+        if errs:
+            raise MonokernelError("; ".join(errs))
         return [(o, lg if write_logits else None) for o, lg, _, _ in launches]
 
     # ---- prefill: the prompt's KV caches on every rank ------------------------------------------------------
@@ -380,6 +386,41 @@ class TPMonokernel:
     def n_eos(self, v: int) -> None:
         for mk in self.ranks:
             mk.n_eos = v
+
+
+def _interpreted_together(ranks: list[_Rank], launches: list) -> None:
+    """CPU only (TRITON_INTERPRET=1): run the G ranks' 1-CTA launches at the same time, one Python thread
+    each, so they can wait on each other's flags (plain CPU memory; the GIL serializes the interpreter's
+    atomics). The interpreter patches triton.language for the length of a launch and restores it at the
+    end, which would pull the patch from under a rank still running: an outer patch held here keeps it in
+    place until every rank has finished. Every spin in the kernel is bounded, and so is each join."""
+    import threading
+
+    from triton.runtime.interpreter import _patch_lang
+
+    from kog.engine.kernel import monokernel
+    errors: list[BaseException | None] = [None] * len(ranks)
+
+    def run(i: int) -> None:
+        try:
+            ranks[i]._start(launches[i][2], launches[i][3])
+        except BaseException as e:          # reported below, on the caller's thread
+            errors[i] = e
+
+    scope = _patch_lang(monokernel.fn)
+    try:
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(ranks))]
+        for t in threads:
+            t.start()
+        for i, t in enumerate(threads):
+            t.join(timeout=600)
+            if t.is_alive():
+                raise KogError(f"TP monokernel (interpreted): rank {i} still running after 600 s")
+    finally:
+        scope.restore()
+    for i, e in enumerate(errors):
+        if e is not None:
+            raise KogError(f"TP monokernel (interpreted): rank {i} failed: {e}") from e
 
 
 class _on:
