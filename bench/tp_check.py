@@ -13,6 +13,9 @@ single-GPU copy bandwidth and GPU0 -> GPUr peer-copy bandwidth. Writes $OUT/tp_c
 KOG_GIT_COMMIT, versions, model, dtype, prompt_tokens, new_tokens, copy_GBps, weight_bytes_per_token,
 limit_tok_per_s, systems{kog-targeted, kog-tp<G>: tok_per_s, runs_tok_per_s, max_rel_err, ...}).
 
+`--smoke` runs the whole script on the CPU (TRITON_INTERPRET=1, the tiny preset in float32, G = 1 and 2 as
+threads, 4 tokens): a check of the script itself, not a measurement.
+
 Every wait is bounded: the kernel's spins (EngineConfig.max_spin; a timeout is an error naming rank / flag /
 task, never a hang), and --deadline (seconds of wall clock) skips whatever would start after it.
 
@@ -35,6 +38,8 @@ import sys
 import time
 import traceback
 
+if "--smoke" in sys.argv:      # CPU dry run of this script (tiny model, interpreter): before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
@@ -98,8 +103,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--exchange-rows", type=int, default=None)
     ap.add_argument("--deadline", type=float, default=540.0)
+    ap.add_argument("--smoke", action="store_true", help="CPU dry run (tiny model, interpreter)")
     a = ap.parse_args()
-    ngpu = torch.cuda.device_count()
+    if a.smoke:
+        a.model, a.tokens, a.check_tokens, a.repeats = "tiny", 4, 4, 1
+    ngpu = 2 if a.smoke else torch.cuda.device_count()
     gs = [int(g) for g in a.gs.split(",")] if a.gs else [g for g in (1, 2, 4) if g <= ngpu]
     from kog.probe.device import detect
     from kog.reports.runstore import git_commit, package_versions
@@ -113,8 +121,9 @@ def main() -> int:
              multicast_env={k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                             "NVSHMEM_DISABLE_NVLS")})
     save()
-    step(R, "copy_GBps", lambda: copy_bandwidth_GBps(torch.device("cuda", 0)), a.deadline)
-    if ngpu > 1:
+    if not a.smoke:
+        step(R, "copy_GBps", lambda: copy_bandwidth_GBps(torch.device("cuda", 0)), a.deadline)
+    if ngpu > 1 and not a.smoke:
         from kog.probe.probes.p2p import _copy_GBps
         step(R, "p2p_GBps", lambda: {f"0->{r}": _copy_GBps(torch, 0, r, 1 << 30, 5) for r in range(1, ngpu)},
              a.deadline)
@@ -123,11 +132,13 @@ def main() -> int:
         M: dict = {}
         R["models"][model] = M
         cfg = preset(model)
-        dev0 = torch.device("cuda", 0)
-        w = random_weights(cfg, dev0, seed=0)
+        dev0 = torch.device("cpu") if a.smoke else torch.device("cuda", 0)
+        if a.smoke:
+            cfg = cfg.replace(dtype="float32").validate()
+        w = random_weights(cfg, dev0, seed=0, dtype=torch.float32 if a.smoke else None)
         g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, cfg.vocab_size, (64,), generator=g).tolist()
-        max_seq = len(prompt) + a.tokens + 1
+        max_seq = len(prompt) + max(a.tokens, a.check_tokens, 8) + 1
         copy = R.get("copy_GBps") if isinstance(R.get("copy_GBps"), float) else None
         wbpt = cfg.weight_bytes_per_token()
         M.update(model=cfg.name, dtype=cfg.dtype, prompt_tokens=len(prompt), new_tokens=a.tokens, copy_GBps=copy,
@@ -135,6 +146,9 @@ def main() -> int:
                  num_kv_heads=cfg.num_kv_heads, systems={})
         S = M["systems"]
         ecfg = _default_config(cfg, dev0).replace(mode="targeted")
+        if a.smoke:
+            ecfg = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
+                                sync_rows=32, max_spin=2_000_000)
         M["engine_config"] = ecfg.to_dict()
         base: dict = {}
 
@@ -171,6 +185,8 @@ def main() -> int:
                 tp = TPMonokernel(cfg, w, G, ecfg, max_seq=max_seq, exchange_rows=a.exchange_rows)
                 tp.n_eos = 0
                 out = {"G": G, "exchange_rows": tp.exchange_rows, "plan": plan_summary(tp.plan)}
+                if copy:      # each GPU streams only its shard: the per-rank copy-bandwidth limit
+                    out["limit_tok_per_s"] = copy * 1e9 / out["plan"]["weight_bytes_per_token_per_rank"]
                 if "ref_tokens" in base:
                     lg = tp.teacher_forced_logits(prompt, base["ref_tokens"]).to(dev0)
                     out["max_rel_err"] = max_rel_err(lg, base["ref_logits"])

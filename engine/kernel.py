@@ -18,6 +18,12 @@ grid (0): no counters; a global barrier after every phase (the conventional mono
 
 Every spin is bounded by max_spin polls; a timeout writes err = [1, counter, task, target, value] and
 raises `abort`, which ends every other spin at once: the kernel finishes (with garbage) and the host raises.
+
+Tensor parallelism (TP constexpr, kog.engine.tp_monokernel; off by default, and then the compiled code is the
+single-GPU kernel's, SASS byte for byte): o and down store partial sums; xpush / xred tasks (types 7, 8) move
+them between ranks through peer pointers and per-chunk flags (system-scope release / acquire); the token's
+last CTA exchanges the ranks' best (score, global id) before it releases the next token. Flag timeouts are
+recorded as counter -16 - flag.
 """
 from __future__ import annotations
 
@@ -416,9 +422,11 @@ def _peer_ptr(tp_ptr, block, peer, NR: tl.constexpr, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _spin_flag(flag_ptr, target, sync_ptr, err_ptr, max_spin, what, task):
-    """_spin_until for a flag that PEER GPUs bump: the same bounded poll, but the acquire is system scope
-    (it pairs with the producers' system-scope release over NVLink)."""
+def _spin_flag(flag_ptr, target, sync_ptr, err_ptr, max_spin, what, task, VENDOR: tl.constexpr):
+    """_spin_until for a flag that PEER GPUs bump: the same bounded poll, then a system-scope acquire that
+    pairs with the producers' system-scope release over NVLink. On NVIDIA it is an explicit
+    fence.acq_rel.sys: Triton 3.6 compiles an atomic_add(ptr, 0, sem="acquire") whose result is unused to
+    nothing at all (the single-GPU kernel's PTX has no acquire), and peer data must not be read early."""
     if target > 0:
         v = tl.load(flag_ptr, volatile=True)
         n = 0
@@ -429,7 +437,11 @@ def _spin_flag(flag_ptr, target, sync_ptr, err_ptr, max_spin, what, task):
             if n % 64 == 0:
                 ab = tl.load(sync_ptr + S_ABORT, volatile=True)
         if v >= target:
-            tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+            if VENDOR == 1:
+                tl.inline_asm_elementwise("fence.acq_rel.sys;\nmov.u32 $0, $1;", "=r,r", [v], dtype=tl.int32,
+                                          is_pure=False, pack=1)
+            else:
+                tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
         elif ab == 0:
             if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
                 tl.store(err_ptr + 0, 1)
@@ -475,7 +487,7 @@ def _tp_task(typ, layer, chunk, trow, ti, t1, act_ptr, aoff_ptr, lrow, cnt_ptr, 
             tl.atomic_add(fl, 1, sem="release", scope="sys")
     elif typ == T_XRED:
         fl = _peer_ptr(tp_ptr, 1, rank, NR, tl.int32) + tl.cast(f, tl.int64) * FLAG_STRIDE
-        _spin_flag(fl, t1 * NR, sync_ptr, err_ptr, max_spin, -16 - f, ti)
+        _spin_flag(fl, t1 * NR, sync_ptr, err_ptr, max_spin, -16 - f, ti, VENDOR)
         # the residual: the layer's input rows (point 0) or hmid (point 1)
         rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4 - 2 * pt), chunk * XR, (chunk + 1) * XR, t1,
                             rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, UPO, PFB, VENDOR)
@@ -492,7 +504,7 @@ def _tp_task(typ, layer, chunk, trow, ti, t1, act_ptr, aoff_ptr, lrow, cnt_ptr, 
 
 
 @triton.jit
-def _tp_pick(b, tok, step, t1, tp_ptr, sync_ptr, err_ptr, max_spin, NR: tl.constexpr):
+def _tp_pick(b, tok, step, t1, tp_ptr, sync_ptr, err_ptr, max_spin, NR: tl.constexpr, VENDOR: tl.constexpr):
     """Vocab-parallel sampling across ranks (run by the last CTA of a token): push this rank's best
     (score, global id) into every rank's slot [token parity, rank], bump every rank's sample flag, wait for
     all NR candidates, and take the max, ties to the lowest id (= kog.engine.tp.vocab_parallel_pick)."""
@@ -507,7 +519,7 @@ def _tp_pick(b, tok, step, t1, tp_ptr, sync_ptr, err_ptr, max_spin, NR: tl.const
         tl.atomic_add(_peer_ptr(tp_ptr, 1, p, NR, tl.int32) + tl.cast(sf, tl.int64) * FLAG_STRIDE, 1,
                       sem="release", scope="sys")
     fl = _peer_ptr(tp_ptr, 1, rank, NR, tl.int32) + tl.cast(sf, tl.int64) * FLAG_STRIDE
-    _spin_flag(fl, t1 * NR, sync_ptr, err_ptr, max_spin, -16 - sf, -1)
+    _spin_flag(fl, t1 * NR, sync_ptr, err_ptr, max_spin, -16 - sf, -1, VENDOR)
     rr = tl.arange(0, NR)
     sv = tl.load(_peer_ptr(tp_ptr, 2, rank, NR, tl.float32) + par + rr, cache_modifier=".cg")
     si = tl.load(_peer_ptr(tp_ptr, 3, rank, NR, tl.int32) + par + rr, cache_modifier=".cg")
@@ -751,7 +763,7 @@ def monokernel(
                 pi = tl.load(partial_i_ptr + rs, mask=rs < nprog, other=0, cache_modifier=".cg")
                 b, tok = tile_best(pv, pi, rs < nprog)
                 if TP:    # every rank's best to every rank; all take the same max (ties: lowest id)
-                    tok = _tp_pick(b, tok, step, t1, tp_ptr, sync_ptr, err_ptr, max_spin, NR)
+                    tok = _tp_pick(b, tok, step, t1, tp_ptr, sync_ptr, err_ptr, max_spin, NR, VENDOR)
                 if SAMPLE == 2:
                     tok = filtered_sample(partial_v_ptr + GPOW, V, b, top_k, top_p, seed, pos, 256, FILTER_ITERS)
                 if force != 0:
