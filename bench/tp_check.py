@@ -146,6 +146,8 @@ def main() -> int:
                  num_kv_heads=cfg.num_kv_heads, systems={})
         S = M["systems"]
         ecfg = _default_config(cfg, dev0).replace(mode="targeted")
+        if ecfg.mapping == "topology":     # needs a kogprobe scan's SM map, which this script does not load
+            ecfg = ecfg.replace(mapping="round-robin")
         if a.smoke:
             ecfg = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
                                 sync_rows=32, max_spin=2_000_000)
