@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import global_time_ns, sm_id
+from kog.engine.vendor import global_time_ns, poll_acquire, sm_id
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -54,29 +54,30 @@ S_ARR: tl.constexpr = tl.constexpr(1024)    # per-KV-head arrivals of attention 
 
 
 @triton.jit
-def _spin_until(ptr, target, sync_ptr, err_ptr, max_spin, what, task):
-    """Wait (bounded) until *ptr >= target, then acquire. On timeout: record and abort everyone.
+def _spin_until(ptr, target, sync_ptr, err_ptr, max_spin, what, task, VENDOR: tl.constexpr,
+                SYS: tl.constexpr = False):
+    """Wait (bounded) until *ptr >= target with acquire semantics. On timeout: record and abort everyone.
 
-    Polls with plain volatile loads (no atomic traffic on a counter the producers are incrementing),
-    then one acquire RMW that synchronizes with the producers' release increments."""
+    Every poll is an acquire load (vendor.poll_acquire; SYS for words peer GPUs bump): the one that sees
+    the target synchronizes with the producers' release increments, so the data they published (and no
+    stale L1 copy of it) is what this CTA reads next."""
     if target > 0:
-        v = tl.load(ptr, volatile=True)
+        v = poll_acquire(ptr, VENDOR, SYS)
         n = 0
         ab = 0
         while (v < target) & (n < max_spin) & (ab == 0):
-            v = tl.load(ptr, volatile=True)
+            v = poll_acquire(ptr, VENDOR, SYS)
             n += 1
             if n % 64 == 0:
                 ab = tl.load(sync_ptr + S_ABORT, volatile=True)
-        if v >= target:
-            tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-        elif ab == 0:
-            if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
-                tl.store(err_ptr + 0, 1)
-                tl.store(err_ptr + 1, what)
-                tl.store(err_ptr + 2, task)
-                tl.store(err_ptr + 3, target)
-                tl.store(err_ptr + 4, v)
+        if v < target:
+            if ab == 0:
+                if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
+                    tl.store(err_ptr + 0, 1)
+                    tl.store(err_ptr + 1, what)
+                    tl.store(err_ptr + 2, task)
+                    tl.store(err_ptr + 3, target)
+                    tl.store(err_ptr + 4, v)
 
 
 @triton.jit
@@ -122,7 +123,7 @@ def _wait_rows(cnt_ptr, tgt_ptr, base, R, r0, r1, t1, rb, rm, sync_ptr, err_ptr,
                     if tl.load(cnt_ptr + base + c, volatile=True) < tgt:
                         _prefetch_tasks(w_ptr, tasks_ptr, task, tl.minimum(task + 1 + PFB, t_hi), UPO, VENDOR)
                         pf = 1
-            _spin_until(cnt_ptr + base + c, tgt, sync_ptr, err_ptr, max_spin, base + c, task)
+            _spin_until(cnt_ptr + base + c, tgt, sync_ptr, err_ptr, max_spin, base + c, task, VENDOR)
             if c == rm + 1:
                 rm = c
     return rb, rm
@@ -423,32 +424,9 @@ def _peer_ptr(tp_ptr, block, peer, NR: tl.constexpr, DTYPE: tl.constexpr):
 
 @triton.jit
 def _spin_flag(flag_ptr, target, sync_ptr, err_ptr, max_spin, what, task, VENDOR: tl.constexpr):
-    """_spin_until for a flag that PEER GPUs bump: the same bounded poll, then a system-scope acquire that
-    pairs with the producers' system-scope release over NVLink. On NVIDIA it is an explicit
-    fence.acq_rel.sys: Triton 3.6 compiles an atomic_add(ptr, 0, sem="acquire") whose result is unused to
-    nothing at all (the single-GPU kernel's PTX has no acquire), and peer data must not be read early."""
-    if target > 0:
-        v = tl.load(flag_ptr, volatile=True)
-        n = 0
-        ab = 0
-        while (v < target) & (n < max_spin) & (ab == 0):
-            v = tl.load(flag_ptr, volatile=True)
-            n += 1
-            if n % 64 == 0:
-                ab = tl.load(sync_ptr + S_ABORT, volatile=True)
-        if v >= target:
-            if VENDOR == 1:
-                tl.inline_asm_elementwise("fence.acq_rel.sys;\nmov.u32 $0, $1;", "=r,r", [v], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-            else:
-                tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-        elif ab == 0:
-            if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
-                tl.store(err_ptr + 0, 1)
-                tl.store(err_ptr + 1, what)
-                tl.store(err_ptr + 2, task)
-                tl.store(err_ptr + 3, target)
-                tl.store(err_ptr + 4, v)
+    """_spin_until for a flag that PEER GPUs bump: system-scope acquire polls, pairing with the producers'
+    system-scope release over NVLink."""
+    _spin_until(flag_ptr, target, sync_ptr, err_ptr, max_spin, what, task, VENDOR, True)
 
 
 @triton.jit
@@ -575,7 +553,7 @@ def monokernel(
         tl.store(smid_tab_ptr + pid, sm)
         tl.debug_barrier()
         tl.atomic_add(sync_ptr + S_SLOT, 1, sem="release", scope="gpu")
-        _spin_until(sync_ptr + S_SLOT, nprog, sync_ptr, err_ptr, max_spin, -3, -1)
+        _spin_until(sync_ptr + S_SLOT, nprog, sync_ptr, err_ptr, max_spin, -3, -1, VENDOR)
         sms = tl.load(smid_tab_ptr + rs, mask=rs < nprog, other=2147483647, cache_modifier=".cg")
         cta = tl.sum(((sms < sm) | ((sms == sm) & (rs < pid))).to(tl.int32), axis=0)
     t_lo = tl.load(cta_start_ptr + cta)
@@ -592,7 +570,7 @@ def monokernel(
             if PFB > 0:
                 if tl.load(sync_ptr + S_TOK, volatile=True) < step:   # blocked on the sampled token
                     _prefetch_tasks(w_ptr, tasks_ptr, t_lo, tl.minimum(t_lo + PFB, t_hi), I * H, VENDOR)
-            _spin_until(sync_ptr + S_TOK, step, sync_ptr, err_ptr, max_spin, -1, -1)
+            _spin_until(sync_ptr + S_TOK, step, sync_ptr, err_ptr, max_spin, -1, -1, VENDOR)
             stop = tl.load(sync_ptr + S_STOP, volatile=True)
         if stop == 0:
             best_v = float("-inf")
@@ -745,7 +723,7 @@ def monokernel(
                     if PFB > 0:
                         if tl.load(sync_ptr + S_BAR, volatile=True) < nb * nprog:
                             _prefetch_tasks(w_ptr, tasks_ptr, ti + 1, tl.minimum(ti + 1 + PFB, t_hi), I * H, VENDOR)
-                    _spin_until(sync_ptr + S_BAR, nb * nprog, sync_ptr, err_ptr, max_spin, -2, ti)
+                    _spin_until(sync_ptr + S_BAR, nb * nprog, sync_ptr, err_ptr, max_spin, -2, ti, VENDOR)
                     if TRACE:
                         waited = global_time_ns(VENDOR) - t_start
                 if TRACE:

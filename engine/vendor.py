@@ -50,3 +50,26 @@ def sm_id(VENDOR: tl.constexpr):
     else:
         s = tl.program_id(0)
     return s
+
+
+@triton.jit
+def poll_acquire(ptr, VENDOR: tl.constexpr, SYS: tl.constexpr):
+    """One poll of an int32 readiness word with ACQUIRE semantics (gpu scope; system scope when SYS, for
+    words that peer GPUs bump): the poll that sees a producer's release-increment makes everything the
+    producer wrote before it visible, and later loads cannot be served from a stale L1 line.
+
+    NVIDIA: ld.acquire (a load, so polling puts no atomic traffic on a counter producers increment). An
+    acquire atomic_add(ptr, 0) whose result is unused is compiled to nothing by Triton 3.6, so the poll
+    itself must carry the acquire. Elsewhere: the acquire RMW's result is the polled value."""
+    if VENDOR == 1:
+        if SYS:
+            v = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                          is_pure=False, pack=1)
+        else:
+            v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                          is_pure=False, pack=1)
+    elif SYS:
+        v = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+    else:
+        v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    return v
