@@ -112,24 +112,31 @@ class Reference(torch.nn.Module):
         o = torch.matmul(p, v)                                     # [nkv, g*T, hd]
         return o.view(nkv, g, T, hd).permute(2, 0, 1, 3).reshape(T, c.num_heads * hd)
 
+    def attention_block(self, L: dict, h: torch.Tensor, i: int, pos: torch.Tensor, kv_len: int, cos, sin) -> torch.Tensor:
+        """Layer i's attention on the normed input h [T, H]: QKV (+ bias), q/k norm, RoPE, the KV-cache write,
+        attention over [0, kv_len). Returns [T, heads * head_dim], before the O projection. (The TP
+        reference runs it on each rank's shard config and weights.)"""
+        c = self.cfg
+        T, nh, nkv, hd, eps = h.shape[0], c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        qkv = F.linear(h, L["wqkv"], L.get("bqkv"))
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q, k, v = q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd)
+        if c.qk_norm:
+            q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.cache[i, 0].index_copy_(1, pos, k.transpose(0, 1))
+        self.cache[i, 1].index_copy_(1, pos, v.transpose(0, 1))
+        return self._attention(q, i, pos, kv_len)
+
     def _forward(self, tokens: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
         """tokens [T] at positions pos [T]; attends to cache positions [0, kv_len). Returns logits [T, V]."""
-        c = self.cfg
-        T, nh, nkv, hd, eps = tokens.shape[0], c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        eps = self.cfg.rms_norm_eps
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]    # [T, 1, hd]
         x = self.embed[tokens]                                              # [T, H]
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L["attn_norm"], eps)
-            qkv = F.linear(h, L["wqkv"], L.get("bqkv"))
-            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            q, k, v = q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd)
-            if c.qk_norm:
-                q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            self.cache[i, 0].index_copy_(1, pos, k.transpose(0, 1))
-            self.cache[i, 1].index_copy_(1, pos, v.transpose(0, 1))
-            x = x + F.linear(self._attention(q, i, pos, kv_len), L["wo"])
+            x = x + F.linear(self.attention_block(L, h, i, pos, kv_len, cos, sin), L["wo"])
             h = rms_norm(x, L["ffn_norm"], eps)
             x = x + F.linear(F.silu(F.linear(h, L["w_gate"])) * F.linear(h, L["w_up"]), L["w_down"])
         return F.linear(rms_norm(x, self.final_norm, eps), self.lm_head)

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.reference import Reference, rms_norm, rotate_half
+from kog.engine.reference import Reference, rms_norm
 from kog.engine.weights import Weights
 
 REPLICATED = ("attn_norm", "ffn_norm", "q_norm", "k_norm")
@@ -222,18 +222,8 @@ class TPReference:
     def _rank_attention_partial(self, ref: Reference, L: dict, h, i: int, pos, kv_len, cos, sin) -> torch.Tensor:
         """One rank's attention block for layer i: its QKV slice, RoPE, its KV-cache heads, attention, and
         its O K-slice -> a partial hidden vector [T, H]."""
-        c = ref.cfg                                     # the shard config: nh/G, nkv/G heads
-        T, nh, nkv, hd, eps = h.shape[0], c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        qkv = F.linear(h, L["wqkv"], L.get("bqkv"))
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q, k, v = q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd)
-        if c.qk_norm:
-            q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        ref.cache[i, 0].index_copy_(1, pos, k.transpose(0, 1))
-        ref.cache[i, 1].index_copy_(1, pos, v.transpose(0, 1))
-        return F.linear(ref._attention(q, i, pos, kv_len), L["wo"])
+        # ref holds the shard config (nh/G, nkv/G heads) and this rank's KV cache
+        return F.linear(ref.attention_block(L, h, i, pos, kv_len, cos, sin), L["wo"])
 
     @torch.no_grad()
     def _forward_shards(self, tokens: torch.Tensor, pos: torch.Tensor, kv_len: int) -> list[torch.Tensor]:
