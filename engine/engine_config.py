@@ -1,9 +1,10 @@
 """EngineConfig: every knob of the monokernel, validated before any launch.
 
-Compile-time knobs (constexpr: a change recompiles): num_warps, block_k, rows per task per phase
-(bn_*), attention block. Plain data (kernel inputs: no recompile): sync mode is constexpr too (two kernels),
-but the task-to-CTA mapping, wait granularity (rows per counter) and ctas_per_sm only change the plan.
-`compile_key()` tells the tuner which configs share one compiled kernel.
+Compile-time knobs (constexpr: a change recompiles): sync mode, num_warps, block_k, rows per task per phase
+(bn_*), attention block, the two prefetch depths. Plain data (kernel inputs: no recompile): the task-to-CTA
+mapping and the wait granularity (rows per counter). ctas_per_sm changes the plan AND, on NVIDIA, the
+register cap (maxnreg) the launcher compiles with, so 2, 3 and 4 CTAs/SM are three kernels there.
+`compile_key()` lists the constexpr fields; kog.tune.search.kernel_key() adds the register cap.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ class EngineConfig:
         return getattr(self, "bn_" + phase)
 
     def compile_key(self) -> tuple:
-        """Fields that are constexpr in the kernel: configs with equal keys share one compiled kernel."""
+        """Fields that are constexpr in the kernel. Configs with equal keys share one compiled kernel only if they
+        also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
                 self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch)
 
