@@ -425,7 +425,7 @@ def monokernel(
     BK: tl.constexpr, BT: tl.constexpr, GPOW: tl.constexpr,
     MODE: tl.constexpr, PREFETCH: tl.constexpr, SAMPLE: tl.constexpr,
     TRACE: tl.constexpr, VENDOR: tl.constexpr, FILTER_ITERS: tl.constexpr,
-    PF_DIST: tl.constexpr, NLP: tl.constexpr, PFB: tl.constexpr = 0,
+    PF_DIST: tl.constexpr, NLP: tl.constexpr, PFB: tl.constexpr = 0, ROWPF: tl.constexpr = 0,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD

@@ -34,6 +34,7 @@ class EngineConfig:
     sync_rows: int = 8192                # producer rows that share one readiness counter (0 = one per block_k)
     prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off)
     blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
+    row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 64              # KV positions per attention step
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
@@ -59,7 +60,8 @@ class EngineConfig:
         """Fields that are constexpr in the kernel. Configs with equal keys share one compiled kernel only if they
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
-                self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch)
+                self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
+                self.row_prefetch)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -80,6 +82,7 @@ class EngineConfig:
         need(pow2(self.block_k), f"block_k {self.block_k} is not a power of two")
         need(0 <= self.prefetch <= 8, f"prefetch {self.prefetch} not in 0..8")
         need(0 <= self.blocked_prefetch <= 8, f"blocked_prefetch {self.blocked_prefetch} not in 0..8")
+        need(self.row_prefetch in (0, 1), f"row_prefetch {self.row_prefetch} not in 0, 1")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size

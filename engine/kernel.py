@@ -130,6 +130,15 @@ def _wait_rows(cnt_ptr, tgt_ptr, base, R, r0, r1, t1, rb, rm, sync_ptr, err_ptr,
 
 
 @triton.jit
+def _task_row(tasks_ptr, ti):
+    """Task ti's row: type, layer, tile, weight offset (elements; stored in units of 64 = 128-byte aligned),
+    release counter, first counter it waits on."""
+    trow = tasks_ptr + ti * 8
+    return (tl.load(trow), tl.load(trow + 1), tl.load(trow + 2), tl.load(trow + 4).to(tl.int64) * 64,
+            tl.load(trow + 6), tl.load(trow + 7))
+
+
+@triton.jit
 def _flush(cnt_ptr, pend_idx, pend_n):
     """Publish finished tiles: every thread's stores happen-before one release increment of pend_n."""
     if (pend_n > 0) & (pend_idx >= 0):
@@ -531,7 +540,7 @@ def monokernel(
     BK: tl.constexpr, BT: tl.constexpr, GPOW: tl.constexpr,
     MODE: tl.constexpr, PREFETCH: tl.constexpr, SAMPLE: tl.constexpr,
     TRACE: tl.constexpr, VENDOR: tl.constexpr, FILTER_ITERS: tl.constexpr,
-    PF_DIST: tl.constexpr, NLP: tl.constexpr, PFB: tl.constexpr,
+    PF_DIST: tl.constexpr, NLP: tl.constexpr, PFB: tl.constexpr, ROWPF: tl.constexpr,
     # tensor parallelism (kog.engine.tp_monokernel): off by default, and then the kernel is the single-GPU one
     TP: tl.constexpr = False, NR: tl.constexpr = 1, XR: tl.constexpr = 1, VR: tl.constexpr = 0,
     tp_ptr=None,
@@ -562,6 +571,10 @@ def monokernel(
     R_QKV = tl.load(rpc_ptr + 0)
     tr = 0
     stop = 0
+    if ROWPF:
+        # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
+        # was part of the ~450 ns gap between tasks): r_* hold the next task's row
+        r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tl.maximum(tl.minimum(t_lo, t_hi - 1), 0))
     for step in range(0, n_tokens):
         t1 = step + 1
         pos = pos0 + step
@@ -582,12 +595,18 @@ def monokernel(
             for ti in range(t_lo, t_hi):
                 # task row: type, layer, tile, barrier#, weight offset (lo, hi), release counter, wait base
                 trow = tasks_ptr + ti * 8
-                typ = tl.load(trow)
-                layer = tl.load(trow + 1)
-                tile = tl.load(trow + 2)
-                w_off = tl.load(trow + 4).to(tl.int64) * 64   # stored in units of 64 elements: 128-byte aligned
-                rel = tl.load(trow + 6)
-                cb = tl.load(trow + 7)
+                if ROWPF:
+                    typ, layer, tile, w_off, rel, cb = r_typ, r_layer, r_tile, r_woff, r_rel, r_cb
+                    tn = ti + 1
+                    tn = tl.where(tn < t_hi, tn, t_lo)     # after the last task: the next token's first
+                    r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tn)
+                else:
+                    typ = tl.load(trow)
+                    layer = tl.load(trow + 1)
+                    tile = tl.load(trow + 2)
+                    w_off = tl.load(trow + 4).to(tl.int64) * 64   # stored in units of 64 elements: 128-byte aligned
+                    rel = tl.load(trow + 6)
+                    cb = tl.load(trow + 7)
                 if rel != pend_idx:
                     _flush(cnt_ptr, pend_idx, pend_n)
                     pend_idx = rel

@@ -244,7 +244,7 @@ class Monokernel:
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
                     PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
-                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=self._nlp(), PFB=int(e.blocked_prefetch),
+                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=self._nlp(), PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
                     num_warps=e.num_warps)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)

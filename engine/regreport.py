@@ -125,7 +125,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                 BK=e.block_k, BT=e.attn_block, GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
                 PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
-                VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=nlp, PFB=int(e.blocked_prefetch),
+                VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=nlp, PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
                 num_warps=e.num_warps)
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)

@@ -109,3 +109,11 @@ def test_task_table_line_counts_and_blocked_prefetch_runs():
         assert (tab[tab[:, 0] == ty, 5] == -(-n * 4 // 128)).all()
     ref, got, err = run_both(TINY, torch.float32, ecfg, [5, 17, 33, 2])
     assert got == ref and err < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_row_prefetch_matches_reference(mode):
+    """row_prefetch: each task's row of the task table is read during the task before it (and the last task
+    of a token reads the next token's first row): same tokens and logits as the reference."""
+    ref, got, err = run_both(TINY, torch.float32, SMALL_TILES.replace(mode=mode, row_prefetch=1), [5, 17, 33, 2, 9])
+    assert got == ref and err < 1e-4
