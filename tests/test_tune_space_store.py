@@ -36,7 +36,7 @@ def test_grid_mode_has_no_sync_rows_param():
     sp = build_space(preset("tiny"))
     t = optuna.trial.FixedTrial({"mode": "grid", "ctas_per_sm": 2, "num_warps": 4, "block_k": 256,
                                  **{f"bn_{p}": 2 for p in ("qkv", "o", "gate_up", "down", "lm")},
-                                 "prefetch": 1, "mapping": "topology", "attn_block": 64})
+                                 "prefetch": 1, "row_prefetch": 0, "mapping": "topology", "attn_block": 64})
     assert sp.suggest(t).sync_rows == 0
 
 

@@ -40,6 +40,7 @@ class Space:
     bn: dict[str, tuple[int, ...]] = field(default_factory=lambda: {p: BN_CHOICES for p in PHASES})
     sync_rows: tuple[int, ...] = SYNC_ROWS_CHOICES
     prefetch: tuple[int, ...] = (0, 1, 2)        # L2 prefetch distance in tasks
+    row_prefetch: tuple[int, ...] = (0, 1)       # next task's row read during the current task
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
 
     def suggest(self, trial) -> EngineConfig:
@@ -54,6 +55,7 @@ class Space:
             kw["bn_" + ph] = trial.suggest_categorical("bn_" + ph, list(self.bn[ph]))
         kw["sync_rows"] = trial.suggest_categorical("sync_rows", list(self.sync_rows)) if mode == "targeted" else 0
         kw["prefetch"] = trial.suggest_categorical("prefetch", list(self.prefetch))
+        kw["row_prefetch"] = trial.suggest_categorical("row_prefetch", list(self.row_prefetch))
         kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
         kw["attn_block"] = trial.suggest_categorical("attn_block", list(self.attn_block))
         return EngineConfig(**kw)
