@@ -157,7 +157,7 @@ def _():
 
 @section("alt_kernel")
 def _():
-    """A/B in the same run: another kernel file (--alt FILE, e.g. bench/kernel_carry.py) under the same
+    """A/B in the same run: another kernel file (--alt FILE: an edited copy of engine/kernel.py) under the same
     launcher, defaults and a 4-row tiling, targeted and grid."""
     if "--alt" not in sys.argv:
         return {}

@@ -83,8 +83,9 @@ def _spin_until(ptr, target, sync_ptr, err_ptr, max_spin, what, task, VENDOR: tl
 @triton.jit
 def _prefetch_tasks(w_ptr, tasks_ptr, lo, hi, UPO: tl.constexpr, VENDOR: tl.constexpr):
     """Pull the weight tiles of tasks [lo, hi) into L2 (NVIDIA prefetch.global.L2, one per 128-byte line;
-    column 5 of a task row holds its tile's line count). Costs no registers to speak of and never blocks:
-    used while a CTA waits, so HBM keeps streaming what the CTA reads next."""
+    column 5 of a task row holds its tile's line count). Costs no registers to speak of and never blocks.
+    Used ahead of time (EngineConfig.prefetch) and while a wait blocks (EngineConfig.blocked_prefetch); both
+    measured slower than no prefetch on the H200 (bench/h200/ENGINE_NOTES.md) and are off by default."""
     if VENDOR == 1:
         lane = tl.arange(0, 128).to(tl.int64) * 64
         for tj in range(lo, hi):
@@ -278,27 +279,6 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
         acc_a = acc_a * r
         acc_b = acc_b * r
     return acc_a, acc_b, waited, rb, rm
-
-
-@triton.jit
-def _prefetch_l2(w_ptr, tasks_ptr, tj, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
-                 BN_DOWN: tl.constexpr, BN_LM: tl.constexpr, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr,
-                 NLP: tl.constexpr, VENDOR: tl.constexpr):
-    """Pull task tj's weight tile into L2 ahead of time (NVIDIA prefetch.global.L2, one per 128-byte line):
-    the weights of the next tasks stream while this one computes, and cost no registers."""
-    if VENDOR == 1:
-        typ = tl.load(tasks_ptr + tj * 8)
-        off = tl.load(tasks_ptr + tj * 8 + 4).to(tl.int64) * 64
-        n = tl.where(typ == 0, BN_QKV * H, tl.where(typ == 2, BN_O * QS, tl.where(typ == 3, BN_GU * H,
-                     tl.where(typ == 4, BN_DOWN * I, tl.where(typ == 5, BN_LM * H, 0)))))
-        nl = n // 64
-        if nl > 0:
-            ln = tl.minimum(tl.arange(0, NLP), nl - 1).to(tl.int64) * 64
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [w_ptr + off + ln],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-            if typ == 3:   # gate_up: the up tile lies I*H elements after the gate tile
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l",
-                                          [w_ptr + off + I * H + ln], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -538,9 +518,9 @@ def monokernel(
     # tiling and modes
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, GPOW: tl.constexpr,
-    MODE: tl.constexpr, PREFETCH: tl.constexpr, SAMPLE: tl.constexpr,
+    MODE: tl.constexpr, SAMPLE: tl.constexpr,
     TRACE: tl.constexpr, VENDOR: tl.constexpr, FILTER_ITERS: tl.constexpr,
-    PF_DIST: tl.constexpr, NLP: tl.constexpr, PFB: tl.constexpr, ROWPF: tl.constexpr,
+    PF_DIST: tl.constexpr, PFB: tl.constexpr, ROWPF: tl.constexpr,
     # tensor parallelism (kog.engine.tp_monokernel): off by default, and then the kernel is the single-GPU one
     TP: tl.constexpr = False, NR: tl.constexpr = 1, XR: tl.constexpr = 1, VR: tl.constexpr = 0,
     tp_ptr=None,
@@ -601,20 +581,14 @@ def monokernel(
                     tn = tl.where(tn < t_hi, tn, t_lo)     # after the last task: the next token's first
                     r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tn)
                 else:
-                    typ = tl.load(trow)
-                    layer = tl.load(trow + 1)
-                    tile = tl.load(trow + 2)
-                    w_off = tl.load(trow + 4).to(tl.int64) * 64   # stored in units of 64 elements: 128-byte aligned
-                    rel = tl.load(trow + 6)
-                    cb = tl.load(trow + 7)
+                    typ, layer, tile, w_off, rel, cb = _task_row(tasks_ptr, ti)
                 if rel != pend_idx:
                     _flush(cnt_ptr, pend_idx, pend_n)
                     pend_idx = rel
                     pend_n = 0
-                if PF_DIST > 0:
+                if PF_DIST > 0:   # always-on L2 prefetch of the task PF_DIST ahead
                     if ti + PF_DIST < t_hi:
-                        _prefetch_l2(w_ptr, tasks_ptr, ti + PF_DIST, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, H, I, QS,
-                                     NLP, VENDOR)
+                        _prefetch_tasks(w_ptr, tasks_ptr, ti + PF_DIST, ti + PF_DIST + 1, I * H, VENDOR)
                 if TRACE:
                     t_start = global_time_ns(VENDOR)
                 else:

@@ -166,6 +166,7 @@ class Monokernel:
         typ, layer, tile = t[:, 0], t[:, 1], t[:, 2]
         lc = np.minimum(layer, L - 1)                     # the LM head's "layer" is L
         woff = np.zeros(len(t), dtype=np.int64)
+        elems = np.zeros(len(t), dtype=np.int64)          # weight elements of the task's tile (gate: one tile)
         rel = np.full(len(t), -1, dtype=np.int64)
         wait = np.zeros(len(t), dtype=np.int64)
         prev_h = np.where(layer > 0, lay[np.maximum(layer - 1, 0), BUF_HOUT], self.dummy_base)
@@ -178,6 +179,7 @@ class Monokernel:
         for ty, (col, bn, K, buf, wb) in spec.items():
             m = typ == ty
             woff[m] = wo[layer[m], col] + tile[m] * bn * K
+            elems[m] = bn * K
             rel[m] = lay[layer[m], buf] + (tile[m] * bn) // R[buf]
             wait[m] = wb[m]
         m = typ == T_ATTN
@@ -185,6 +187,7 @@ class Monokernel:
         wait[m] = lay[layer[m], BUF_QKV]
         m = typ == T_LM
         woff[m] = wo[L, 0] + tile[m] * e.bn_lm * H
+        elems[m] = e.bn_lm * H
         wait[m] = lay[L - 1, BUF_HOUT]
         if e.mode != "targeted":
             rel[:] = -1                                   # grid mode publishes nothing: barriers order phases
@@ -192,12 +195,7 @@ class Monokernel:
         out[:, :4] = t
         assert (woff % 64 == 0).all()
         out[:, 4] = woff // 64                            # in units of 64 elements (alignment known to the compiler)
-        # column 5: 128-byte lines of the task's weight tile (what the blocked-wait L2 prefetch pulls)
-        rows_k = {T_QKV: (e.bn_qkv, H), T_O: (e.bn_o, Q), T_GU: (e.bn_gate_up, H), T_DOWN: (e.bn_down, I),
-                  T_LM: (e.bn_lm, H)}
-        esize = self.wbuf.element_size()
-        for ty, (bn, K) in rows_k.items():
-            out[typ == ty, 5] = -(-bn * K * esize // 128)
+        out[:, 5] = -(-elems * self.wbuf.element_size() // 128)   # 128-byte lines of the tile (L2 prefetch)
         out[:, 6] = rel
         out[:, 7] = wait
         return out.astype(np.int32)
@@ -243,8 +241,9 @@ class Monokernel:
                     HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
-                    PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
-                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=self._nlp(), PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
+                    SAMPLE=mode, TRACE=bool(trace),
+                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
+                    PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
                     num_warps=e.num_warps)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
@@ -265,13 +264,6 @@ class Monokernel:
     def _start(self, args, meta) -> None:
         from kog.engine.kernel import monokernel
         monokernel[(self.plan.grid,)](*args, **meta)
-
-    def _nlp(self) -> int:
-        """128-byte lines of the largest weight tile (power of two): the L2 prefetch vector's length."""
-        c, e = self.cfg, self.ecfg
-        n = max(e.bn_qkv * c.hidden_size, e.bn_o * c.q_size, e.bn_gate_up * c.hidden_size,
-                e.bn_down * c.intermediate_size, e.bn_lm * c.hidden_size) // 64
-        return _next_pow2(n)
 
     def _check_residency(self, k) -> None:
         """Refuse a grid larger than what fits on the SMs at once (a persistent grid must be co-resident)."""

@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from kog.engine.config import ConfigError, ModelConfig
@@ -117,15 +116,15 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
             1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
             1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
     mode = sample_mode(temperature, top_k, top_p)
-    nlp = Monokernel._nlp(SimpleNamespace(cfg=cfg, ecfg=e))
     meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
                 HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=gp, GH=_next_pow2(g),
                 SP=_next_pow2(attn_splits),
                 HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                 BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                 BK=e.block_k, BT=e.attn_block, GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
-                PREFETCH=e.prefetch, SAMPLE=mode, TRACE=bool(trace),
-                VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch), NLP=nlp, PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
+                SAMPLE=mode, TRACE=bool(trace),
+                VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
+                PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
                 num_warps=e.num_warps)
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
