@@ -86,16 +86,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_isolated(target: str, payload: dict[str, Any], timeout: float,
-                 on_intermediate: Callable[[int, float], bool] | None = None,
-                 env: dict[str, str] | None = None) -> Outcome:
-    """Run target(payload, report) in a fresh process; never raises for anything the child does."""
-    t0 = time.monotonic()
-    job = json.dumps({"target": target, "payload": payload})
+def _spawn(args: list[str], env: dict[str, str] | None):
+    """Start `python -m kog.tune.worker ARGS` in its own session (killing its group kills its children too);
+    stderr goes to a temporary file (for the reason of a crash), stdout lines to a queue (None at EOF)."""
     err = tempfile.TemporaryFile(mode="w+b")
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
-    proc = subprocess.Popen([sys.executable, "-m", "kog.tune.worker"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "kog.tune.worker", *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=err, env=child_env, start_new_session=True)
     lines: "queue.Queue[bytes | None]" = queue.Queue()
 
@@ -105,8 +102,31 @@ def run_isolated(target: str, payload: dict[str, Any], timeout: float,
             lines.put(ln)
         lines.put(None)
 
-    th = threading.Thread(target=pump, daemon=True)
-    th.start()
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines, err
+
+
+def _exit_reason(rc: int, err) -> tuple[str, str]:
+    """(status, reason) of a child that exited with code rc without a result: a signal is a crash; a
+    non-zero exit is a crash or, when its last stderr line says so, out of memory."""
+    if rc < 0:
+        return "crash", f"crash: killed by {_signal_name(-rc)}"
+    tail = _tail(err) if err is not None else ""
+    low = tail.lower()
+    status = "oom" if "out of memory" in low or "memoryerror" in low else "crash"
+    reason = f"{status}: exit code {rc}" + (f": {tail}" if tail else "")
+    if rc == 137:
+        reason += " (killed: out of memory?)"
+    return status, reason
+
+
+def run_isolated(target: str, payload: dict[str, Any], timeout: float,
+                 on_intermediate: Callable[[int, float], bool] | None = None,
+                 env: dict[str, str] | None = None) -> Outcome:
+    """Run target(payload, report) in a fresh process; never raises for anything the child does."""
+    t0 = time.monotonic()
+    job = json.dumps({"target": target, "payload": payload})
+    proc, lines, err = _spawn([], env)
     try:
         assert proc.stdin is not None
         proc.stdin.write(job.encode())
@@ -159,16 +179,9 @@ def run_isolated(target: str, payload: dict[str, Any], timeout: float,
                 out.status = classify_error(final.get("type", ""), final.get("message", ""))
                 out.reason = f"{out.status}: {final.get('type')}: {final.get('message')}"[:500]
             elif rc is None:
-                out.status, out.reason = "hang", f"hang: no exit after closing its output (killed)"
-            elif rc < 0:
-                out.status, out.reason = "crash", f"crash: killed by {_signal_name(-rc)}"
+                out.status, out.reason = "hang", "hang: no exit after closing its output (killed)"
             else:
-                tail = _tail(err)
-                low = tail.lower()
-                out.status = "oom" if "out of memory" in low or "memoryerror" in low else "crash"
-                out.reason = f"{out.status}: exit code {rc}" + (f": {tail}" if tail else "")
-                if rc == 137 or rc == -9:
-                    out.reason += " (killed: out of memory?)"
+                out.status, out.reason = _exit_reason(rc, err)
     finally:
         if proc.poll() is None:
             _kill_group(proc)
@@ -215,22 +228,7 @@ class WarmWorker:
 
     def _start(self) -> None:
         self.kill()
-        child_env = {**os.environ, **(self.env or {})}
-        child_env.setdefault("PYTHONFAULTHANDLER", "1")
-        self._err = tempfile.TemporaryFile(mode="w+b")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kog.tune.worker", "--serve"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                                     env=child_env, start_new_session=True)
-        self._lines = q = queue.Queue()
-        proc = self.proc
-
-        def pump() -> None:
-            assert proc.stdout is not None
-            for ln in proc.stdout:
-                q.put(ln)
-            q.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
+        self.proc, self._lines, self._err = _spawn(["--serve"], self.env)
         self.starts += 1
 
     def kill(self) -> None:
@@ -333,15 +331,7 @@ class WarmWorker:
             rc = self.proc.wait(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             return "hang", "hang: no exit after closing its output (killed)"
-        if rc < 0:
-            return "crash", f"crash: killed by {_signal_name(-rc)}"
-        tail = _tail(self._err) if self._err is not None else ""
-        low = tail.lower()
-        status = "oom" if "out of memory" in low or "memoryerror" in low else "crash"
-        reason = f"{status}: exit code {rc}" + (f": {tail}" if tail else "")
-        if rc == 137:
-            reason += " (killed: out of memory?)"
-        return status, reason
+        return _exit_reason(rc, self._err)
 
 
 class WorkerPool:
