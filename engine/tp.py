@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from kog.engine.config import ConfigError, ModelConfig
 from kog.engine.reference import Reference, rms_norm
-from kog.engine.weights import Weights
+from kog.engine.weights import Weights, expected_shapes
 
 REPLICATED = ("attn_norm", "ffn_norm", "q_norm", "k_norm")
 
@@ -134,24 +134,10 @@ def shard_weights(cfg: ModelConfig, w: Weights, G: int, rank: int, pad_vocab: bo
 
 
 def shard_shapes(cfg: ModelConfig, G: int, pad_vocab: bool = False) -> dict[str, tuple[int, ...]]:
-    """Canonical name -> per-rank shape (the same on every rank)."""
-    sc = shard_config(cfg, G, pad_vocab)
-    H = cfg.hidden_size
-    out: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, H)}
-    for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        out[p + "attn_norm"] = (H,)
-        out[p + "wqkv"] = (sc.qkv_size, H)
-        if cfg.attention_bias:
-            out[p + "bqkv"] = (sc.qkv_size,)
-        if cfg.qk_norm:
-            out[p + "q_norm"] = out[p + "k_norm"] = (cfg.head_dim,)
-        out[p + "wo"] = (H, sc.q_size)
-        out[p + "ffn_norm"] = (H,)
-        out[p + "w_gate"] = out[p + "w_up"] = (sc.intermediate_size, H)
-        out[p + "w_down"] = (H, sc.intermediate_size)
-    out["norm"] = (H,)
-    out["lm_head"] = (sc.vocab_size, H)
+    """Canonical name -> per-rank shape (the same on every rank): the unsharded layout of the shard config,
+    except the embedding, which every rank keeps whole (it looks up any token id)."""
+    out = expected_shapes(shard_config(cfg, G, pad_vocab))
+    out["embed"] = (cfg.vocab_size, cfg.hidden_size)
     return out
 
 
