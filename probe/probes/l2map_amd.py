@@ -52,6 +52,7 @@ import triton.language as tl
 from kog.probe.probes import vendor_asm as va
 from kog.probe.probes.common import SPIN_CAP, ProbeContext, check_errors
 from kog.probe.probes.latency import build_chain, find_plateaus, ladder_sizes
+from kog.probe.probes.signal import _wait_geq
 
 MiB = 1 << 20
 LINE = 128
@@ -66,18 +67,10 @@ FLUSH_BYTES = 64 * 1024            # 2x the vL1D: streamed after warming so the 
 
 
 # ---- kernels ----------------------------------------------------------------------------------------
-@triton.jit
-def _wait_geq_relaxed(ptr, target, cap):
-    # relaxed polls (atomic RMWs: performed where the counter is coherent for every XCD). Not acquire:
-    # on gfx942 an agent-scope acquire invalidates the L2 (buffer_inv sc1) and would throw away the
-    # lines the warm phase put there; the data read afterwards is read-only, so no ordering is needed
-    # beyond "the warm loads have returned", which their sum (stored before arriving) guarantees.
-    v = tl.atomic_add(ptr, 0, sem="relaxed", scope="gpu")
-    it = v * 0
-    while (v < target) & (it < cap):
-        v = tl.atomic_add(ptr, 0, sem="relaxed", scope="gpu")
-        it += 1
-    return v
+# The grid barrier below polls with RELAXED atomic RMWs (performed where the counter is coherent for every
+# XCD). Not acquire: on gfx942 an agent-scope acquire invalidates the L2 (buffer_inv sc1) and would throw away
+# the lines the warm phase put there; the data read afterwards is read-only, so no ordering is needed beyond
+# "the warm loads have returned", which their sum (stored before arriving) guarantees.
 
 
 @triton.jit
@@ -131,7 +124,7 @@ def xcd_cross_kernel(buf_ptr, home_ptr, slice_ptr, out_ptr, id_ptr, clk_ptr, bar
         tl.store(clk_ptr + pid * 4 + 3, tl.sum(acc, axis=0).to(tl.int64))
     if PHASE == 2:
         tl.atomic_add(bar_ptr, 1, sem="relaxed", scope="gpu")
-        v = _wait_geq_relaxed(bar_ptr, grid_size, cap)
+        v = _wait_geq(bar_ptr, grid_size, cap, 1, "relaxed", "gpu")
         fail = v < grid_size
         tl.store(err_ptr + pid * 4 + 0, 1, mask=fail)
         tl.store(err_ptr + pid * 4 + 2, v, mask=fail)

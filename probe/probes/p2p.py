@@ -40,6 +40,7 @@ import triton.language as tl  # noqa: E402
 
 from kog.probe.probes import vendor_asm as va  # noqa: E402
 from kog.probe.probes.common import SPIN_CAP, ProbeContext  # noqa: E402
+from kog.probe.probes.signal import _wait_geq  # noqa: E402
 
 NAME = "p2p"
 TABLES = ("p2p_bandwidth", "p2p_latency")
@@ -50,16 +51,6 @@ PAD = 32   # int32 per flag: one 128-byte line
 
 # ---- kernels ------------------------------------------------------------------------------------------------
 @triton.jit
-def _poll_geq(ptr, target, cap):
-    v = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-    it = v * 0
-    while (v < target) & (it < cap):
-        v = tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
-        it += 1
-    return v
-
-
-@triton.jit
 def pingpong_kernel(my_flag_ptr, peer_flag_ptr, out_ptr, iters, cap, PING: tl.constexpr, USE_ASM: tl.constexpr):
     """PING side: send 2i+1, wait for 2i+2. PONG side: wait for 2i+1, send 2i+2. out = [ns span, last seen,
     failed step + 1 (0 = ok)]."""
@@ -69,10 +60,10 @@ def pingpong_kernel(my_flag_ptr, peer_flag_ptr, out_ptr, iters, cap, PING: tl.co
         if fail == 0:
             if PING:
                 tl.atomic_xchg(peer_flag_ptr, 2 * i + 1, sem="release", scope="sys")
-                v = _poll_geq(my_flag_ptr, 2 * i + 2, cap)
+                v = _wait_geq(my_flag_ptr, 2 * i + 2, cap, 1, "acquire", "sys")
                 fail = tl.where(v < 2 * i + 2, i + 1, 0)
             else:
-                v = _poll_geq(my_flag_ptr, 2 * i + 1, cap)
+                v = _wait_geq(my_flag_ptr, 2 * i + 1, cap, 1, "acquire", "sys")
                 fail = tl.where(v < 2 * i + 1, i + 1, 0)
                 tl.atomic_xchg(peer_flag_ptr, 2 * i + 2, sem="release", scope="sys")
     t1 = va.nanoseconds(USE_ASM)

@@ -27,11 +27,13 @@ PAD = 32   # int32 per flag: one 128-B line each
 
 
 @triton.jit
-def _wait_geq(ptr, target, cap, ok):
-    v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+def _wait_geq(ptr, target, cap, ok, SEM: tl.constexpr, SCOPE: tl.constexpr):
+    """Poll *ptr with atomic RMWs (SEM, SCOPE) until it reaches target, at most cap polls, while ok == 1.
+    Returns the last value seen (the caller turns a shortfall into an error record). Shared by the probes."""
+    v = tl.atomic_add(ptr, 0, sem=SEM, scope=SCOPE)
     it = v * 0
     while (v < target) & (it < cap) & (ok == 1):
-        v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+        v = tl.atomic_add(ptr, 0, sem=SEM, scope=SCOPE)
         it += 1
     return v
 
@@ -48,7 +50,7 @@ def signal_kernel(partner_ptr, claim_ptr, count_ptr, bar_ptr, flag_ptr, out_ptr,
     # barrier 0 over the whole grid: afterwards the number of claiming CTAs is final
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     ok = pid * 0 + 1
-    v = _wait_geq(bar_ptr, grid_size, cap, ok)
+    v = _wait_geq(bar_ptr, grid_size, cap, ok, "acquire", "gpu")
     fail = v < grid_size
     tl.store(err_ptr + pid * 4 + 0, 1, mask=fail)
     tl.store(err_ptr + pid * 4 + 2, v, mask=fail)
@@ -69,10 +71,10 @@ def signal_kernel(partner_ptr, claim_ptr, count_ptr, bar_ptr, flag_ptr, out_ptr,
                 for i in range(iters):
                     if sm < partner:
                         tl.atomic_xchg(fl, 2 * i + 1, sem="release", scope="gpu")
-                        w = _wait_geq(fl, 2 * i + 2, cap, ok)
+                        w = _wait_geq(fl, 2 * i + 2, cap, ok, "acquire", "gpu")
                         bad = w < 2 * i + 2
                     else:
-                        w = _wait_geq(fl, 2 * i + 1, cap, ok)
+                        w = _wait_geq(fl, 2 * i + 1, cap, ok, "acquire", "gpu")
                         bad = w < 2 * i + 1
                         tl.atomic_xchg(fl, 2 * i + 2, sem="release", scope="gpu")
                     tl.store(err_ptr + pid * 4 + 0, 2, mask=bad & (ok == 1))
@@ -88,7 +90,7 @@ def signal_kernel(partner_ptr, claim_ptr, count_ptr, bar_ptr, flag_ptr, out_ptr,
             # grid barrier over the claiming CTAs between rounds
             tl.atomic_add(bar_ptr + 32, ok, sem="release", scope="gpu")
             tgt = (r + 1) * n
-            v = _wait_geq(bar_ptr + 32, tgt, cap, ok)
+            v = _wait_geq(bar_ptr + 32, tgt, cap, ok, "acquire", "gpu")
             fail = (v < tgt) & (ok == 1)
             tl.store(err_ptr + pid * 4 + 0, 1, mask=fail)
             tl.store(err_ptr + pid * 4 + 1, r, mask=fail)

@@ -30,7 +30,7 @@ def barrier_kernel(counter_ptr, err_ptr, n_iters, cap, NPROG: tl.constexpr):
     for i in range(n_iters):
         tl.atomic_add(counter_ptr, ok, sem="release", scope="gpu")
         target = (i + 1) * NPROG
-        v = _wait_geq(counter_ptr, target, cap, ok)
+        v = _wait_geq(counter_ptr, target, cap, ok, "acquire", "gpu")
         fail = (v < target) & (ok == 1)
         tl.store(err_ptr + pid * 4 + 0, 1, mask=fail)
         tl.store(err_ptr + pid * 4 + 1, i, mask=fail)
@@ -45,11 +45,11 @@ def pingpong_kernel(flag_ptr, err_ptr, n_iters, cap):
     ok = pid * 0 + 1
     for i in range(n_iters):
         if pid == 0:
-            w = _wait_geq(flag_ptr, 2 * i, cap, ok)
+            w = _wait_geq(flag_ptr, 2 * i, cap, ok, "acquire", "gpu")
             bad = w < 2 * i
             tl.atomic_xchg(flag_ptr, 2 * i + 1, sem="release", scope="gpu")
         else:
-            w = _wait_geq(flag_ptr, 2 * i + 1, cap, ok)
+            w = _wait_geq(flag_ptr, 2 * i + 1, cap, ok, "acquire", "gpu")
             bad = w < 2 * i + 1
             tl.atomic_xchg(flag_ptr, 2 * i + 2, sem="release", scope="gpu")
         tl.store(err_ptr + pid * 4 + 0, 2, mask=bad & (ok == 1))
@@ -63,7 +63,7 @@ def poll_kernel(flag_ptr, polls):
     # waits for a value that never comes, `polls` times: the cost of one acquire poll of a set flag
     pid = tl.program_id(0)
     ok = pid * 0 + 1
-    v = _wait_geq(flag_ptr, 1 << 30, polls, ok)
+    v = _wait_geq(flag_ptr, 1 << 30, polls, ok, "acquire", "gpu")
     tl.store(flag_ptr + 32, v)
 
 
