@@ -58,7 +58,6 @@ FINDINGS of --compile-only (Triton 3.6, GPUTarget("cuda", 90, 32), CPU machine; 
   the weight cp.async of later chunks (other phases too) issued before the spin, which is the point.
 - the spin asm (labels in { }) and the bar.sync/red.release arrive assemble with the wheel's ptxas.
 """
-"""
 from __future__ import annotations
 
 import argparse
