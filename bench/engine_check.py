@@ -157,31 +157,38 @@ def _():
 
 @section("alt_kernel")
 def _():
-    """A/B in the same run: another kernel file (--alt FILE: an edited copy of engine/kernel.py) under the same
-    launcher, defaults and a 4-row tiling, targeted and grid."""
+    """A/B in the same run: other kernel files (--alt FILE, repeatable: edited copies of engine/kernel.py) under
+    the same launcher, each over the configs of --alt-grid (a JSON list of EngineConfig overrides; default:
+    the defaults, grid mode and a 4-row tiling); main's kernel is measured on the same configs first."""
     if "--alt" not in sys.argv:
         return {}
     import importlib.util
     import kog.engine.kernel as kmod
-    path = sys.argv[sys.argv.index("--alt") + 1]
-    spec = importlib.util.spec_from_file_location("kernel_alt", path)
-    alt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(alt)
-    cur = kmod.monokernel
+    paths = [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--alt"]
     B4 = dict(bn_qkv=4, bn_o=4, bn_gate_up=4, bn_down=4, bn_lm=4)
-    out = {"file": path, "main-targeted": perf(EngineConfig(), n=256, repeats=3, trace=False)}
-    save()
-    kmod.monokernel = alt.monokernel
-    try:
-        for key, g in (("targeted", {}), ("grid", dict(mode="grid")), ("targeted-bn4", B4)):
-            try:
-                out[key] = perf(EngineConfig(**g), n=256, repeats=3, trace=key == "targeted")
-            except Exception as e:
-                out[key] = {"error": repr(e)[:500]}
-            save()
-        return out
-    finally:
-        kmod.monokernel = cur
+    grid = [dict(), dict(mode="grid"), B4]
+    if "--alt-grid" in sys.argv:
+        grid = json.loads(sys.argv[sys.argv.index("--alt-grid") + 1])
+    cur = kmod.monokernel
+    out = {}
+    for path in ["main"] + paths:
+        if path != "main":
+            spec = importlib.util.spec_from_file_location("kernel_alt", path)
+            alt = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(alt)
+            kmod.monokernel = alt.monokernel
+        try:
+            for g in grid:
+                key = os.path.basename(path) + ":" + (",".join(f"{k}={v}" for k, v in g.items()) or "default")
+                try:
+                    out[key] = perf(EngineConfig(**g), n=256, repeats=3, trace="--alt-trace" in sys.argv)
+                except Exception as e:
+                    out[key] = {"error": repr(e)[:500]}
+                print(key, json.dumps(out[key], default=str)[:300], flush=True)
+                save()
+        finally:
+            kmod.monokernel = cur
+    return out
 
 
 @section("sweep")
