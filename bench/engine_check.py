@@ -128,6 +128,23 @@ def perf(ecfg, n=512, repeats=3, trace=True):
     return res
 
 
+REF32 = {}
+
+
+def teacher_check(ecfg, n=32):
+    cfg, w = llama_1b()
+    prompt = list(range(100, 164))
+    if not REF32:
+        REF32["tokens"] = Reference(cfg, w, 640).greedy(prompt, n)
+        REF32["logits"] = Reference(cfg, w, 640).teacher_forced_logits(prompt, REF32["tokens"])
+    mk = Monokernel(cfg, w, ecfg, max_seq=640)
+    mk.n_eos = 0
+    ml = mk.teacher_forced_logits(prompt, REF32["tokens"])
+    toks, _ = mk.generate(prompt, n)
+    first = next((i for i, (a, b) in enumerate(zip(toks, REF32["tokens"])) if a != b), None)
+    return {"rel_err": rel_err(ml, REF32["logits"]), "first_divergence": first}
+
+
 @section("llama1b_correct")
 def _():
     if "--sweep-only" in sys.argv:
@@ -207,6 +224,8 @@ def _():
         key = ",".join(f"{k}={v}" for k, v in g.items())
         try:
             out[key] = perf(EngineConfig(**g), n=256, repeats=2, trace=False)
+            if "--check" in sys.argv:      # teacher-forced error and greedy agreement over 32 tokens, per config
+                out[key].update(teacher_check(EngineConfig(**g)))
         except Exception as e:
             out[key] = {"error": repr(e)[:500]}
         print(key, out[key], flush=True)

@@ -35,6 +35,8 @@ class EngineConfig:
     prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off)
     blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
     row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs
+    pipeline_stages: int = 0          # > 1: each CTA runs consecutive same-phase GEMV tasks as one loop Triton
+                                      # software-pipelines (num_stages): weight chunks in flight across tasks
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 64              # KV positions per attention step
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
@@ -61,7 +63,7 @@ class EngineConfig:
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
                 self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
-                self.row_prefetch)
+                self.row_prefetch, self.pipeline_stages)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -83,6 +85,10 @@ class EngineConfig:
         need(0 <= self.prefetch <= 8, f"prefetch {self.prefetch} not in 0..8")
         need(0 <= self.blocked_prefetch <= 8, f"blocked_prefetch {self.blocked_prefetch} not in 0..8")
         need(self.row_prefetch in (0, 1), f"row_prefetch {self.row_prefetch} not in 0, 1")
+        need(self.pipeline_stages in (0, 2, 3, 4, 5, 6), f"pipeline_stages {self.pipeline_stages} not in 0, 2..6")
+        if self.pipeline_stages:
+            need(self.row_prefetch == 0 and self.prefetch == 0 and self.blocked_prefetch == 0,
+                 "pipeline_stages > 0 runs without row_prefetch, prefetch and blocked_prefetch")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size
@@ -92,6 +98,13 @@ class EngineConfig:
             bn = self.bn(ph)
             need(pow2(bn), f"bn_{ph} {bn} is not a power of two")
             need(n % bn == 0, f"bn_{ph} {bn} does not divide the {n} rows of {ph}")
+        if self.pipeline_stages:
+            bk_gu = self.block_k // 2 if self.block_k >= 128 else self.block_k
+            for what, K, bk in (("hidden_size", H, self.block_k), ("q_size", model.q_size, self.block_k),
+                                ("intermediate_size", I, self.block_k), ("hidden_size (gate_up)", H, bk_gu)):
+                need(K % bk == 0, f"pipeline_stages needs block_k chunks that divide K: {what} {K} % {bk} != 0")
+                # one chunk per task compiles to a loop whose wait Triton 3.6's pipeliner cannot predicate
+                need(K // bk >= 2, f"pipeline_stages needs >= 2 block_k chunks per task: {what} {K} // {bk} < 2")
         if self.sync_rows:
             need(pow2(self.sync_rows), f"sync_rows {self.sync_rows} is not a power of two")
             for ph in ("qkv", "o", "gate_up", "down"):

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import global_time_ns, poll_acquire, sm_id
+from kog.engine.vendor import global_time_ns, poll_acquire, sm_id, wait_counters
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -41,6 +41,7 @@ T_GU: tl.constexpr = tl.constexpr(3)
 T_DOWN: tl.constexpr = tl.constexpr(4)
 T_LM: tl.constexpr = tl.constexpr(5)
 T_BAR: tl.constexpr = tl.constexpr(6)
+T_NONE: tl.constexpr = tl.constexpr(15)    # dispatch type of a task a pipelined run already ran (EngineConfig.pipeline_stages)
 
 # scalar sync words (int32) in `sync_ptr`
 S_ABORT: tl.constexpr = tl.constexpr(0)
@@ -285,6 +286,171 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
 
 
 @triton.jit
+def _load_after_wait(ptrs, VENDOR: tl.constexpr):
+    """fp32 loads that must stay below a wait_counters in a pipelined loop: on NVIDIA an inline-asm load
+    (Triton's pipeliner would turn a tl.load into a copy issued chunks ahead, pulling the wait with it into
+    a stage it cannot predicate); the address already carries the wait's opaque 0."""
+    if VENDOR == 1:
+        v = tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.float32,
+                                      is_pure=False, pack=1)
+    else:
+        v = tl.load(ptrs)
+    return v
+
+
+@triton.jit
+def _gemv_run(ti0, nrun, tasks_ptr, w_ptr, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cb, ncnt, t1, sync_ptr, max_spin,
+              act_ptr, out_off, res_off, bias_ptr, logits_ptr, write_logits, partial_v_ptr, step, pos, seed, inv_temp,
+              best_v, best_i, fail, TYPE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              NORM: tl.constexpr, WAIT: tl.constexpr, UPO: tl.constexpr, HAS_BIAS: tl.constexpr, V: tl.constexpr,
+              GPOW: tl.constexpr, SAMPLE: tl.constexpr, PIPE: tl.constexpr, VENDOR: tl.constexpr):
+    """A run of nrun consecutive tasks of one phase (same type, layer, input and release counter; the task
+    table's column 3 holds nrun at the run's first task) as ONE flat loop over its (task, K-chunk) chunks,
+    software-pipelined by Triton (num_stages=PIPE): each [BN, BK] weight chunk is copied into shared memory
+    PIPE-1 chunks ahead of its use, ACROSS task boundaries, so a CTA's weight stream no longer drains after
+    every task (the ~1.4 us fixed cost per task of _gemv; bench/stream_pipelined.py streams at the copy
+    limit this way). The run waits once, at its first chunk, for every counter of its input (wait_counters:
+    one inline asm, because a Python spin loop would stop the pipelining); the weight copies of the first
+    PIPE-1 chunks are already in flight then. x, the residual and the bias are loaded at addresses that add
+    the wait's opaque 0, which keeps them below the wait. Each task's epilogue runs at its last chunk.
+
+    Same math as _gemv / _gemv2 with K > BK (x * g chunks, the 1/rms scale on the dot product) and the same
+    epilogues as the monokernel's per-task branches. Returns the LM's running best and the first counter
+    index that timed out (-1: none)."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    NK: tl.constexpr = K // BK
+    rn = tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BN], dtype=tl.float32)
+    acc2 = tl.zeros([BN], dtype=tl.float32)
+    ss = 0.0
+    for c in tl.range(0, nrun * NK, num_stages=PIPE):
+        j = c // NK
+        kc = c - j * NK
+        trow = tasks_ptr + (ti0 + j) * 8
+        tile = tl.load(trow + 2)
+        wp = w_ptr + tl.load(trow + 4).to(tl.int64) * 64 + (rn * K).to(tl.int64)[:, None] + (kc * BK + rk)[None, :]
+        wa = tl.load(wp, eviction_policy="evict_first")
+        if TYPE == 3:
+            wb = tl.load(wp + UPO, eviction_policy="evict_first")
+        if WAIT:
+            f, dep = wait_counters(cnt_ptr + cb, tgt_ptr + cb, ncnt, t1, max_spin, sync_ptr + S_ABORT,
+                                   tl.where(c == 0, 1, 0), VENDOR)
+            fail = tl.maximum(fail, f)
+        else:
+            dep = c * 0
+        kk = kc * BK + rk
+        x = _load_after_wait(x_ptr + dep + kk, VENDOR)
+        if NORM:
+            xg = x * tl.load(g_ptr + kk)
+            ss = tl.where(kc == 0, 0.0, ss) + tl.sum(x * x, axis=0)
+        else:
+            xg = x
+        acc = tl.where(kc == 0, 0.0, acc) + tl.sum(wa.to(tl.float32) * xg[None, :], axis=1)
+        if TYPE == 3:
+            acc2 = tl.where(kc == 0, 0.0, acc2) + tl.sum(wb.to(tl.float32) * xg[None, :], axis=1)
+        if kc == NK - 1:
+            rows = tile * BN + rn
+            y = acc
+            if NORM:
+                r = 1.0 / tl.sqrt(ss / K + eps)
+                y = y * r
+            if TYPE == 0:      # qkv
+                if HAS_BIAS:
+                    y += tl.load(bias_ptr + dep + rows)
+                tl.store(act_ptr + out_off + rows, _rnd(y, DT))
+            elif TYPE == 2:    # o: + residual
+                h = tl.load(act_ptr + res_off + dep + rows, cache_modifier=".cg")
+                tl.store(act_ptr + out_off + rows, _rnd(h + _rnd(y, DT), DT))
+            elif TYPE == 3:    # gate_up: silu(gate) * up in the model dtype (HF)
+                gt = _rnd(y, DT)
+                u = _rnd(acc2 * r, DT)
+                tl.store(act_ptr + out_off + rows, _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * u, DT))
+            elif TYPE == 4:    # down: + residual
+                hm = tl.load(act_ptr + res_off + dep + rows, cache_modifier=".cg")
+                tl.store(act_ptr + out_off + rows, _rnd(hm + _rnd(y, DT), DT))
+            else:              # lm: logits -> this tile's best candidate
+                lg = _rnd(y, DT)
+                if write_logits != 0:
+                    tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
+                if SAMPLE == 2:
+                    sc = lg * inv_temp
+                    tl.store(partial_v_ptr + GPOW + rows, sc)
+                else:
+                    sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
+                b, bi = tile_best(sc, rows, rows < V)
+                take = b > best_v
+                best_v = tl.where(take, b, best_v)
+                best_i = tl.where(take, bi, best_i)
+    return best_v, best_i, fail
+
+
+@triton.jit
+def _record_timeout(sync_ptr, err_ptr, cnt_ptr, tgt_ptr, idx, task, t1):
+    """The first CTA whose wait timed out records [1, counter, task, target, value] and raises abort (a wait
+    that ended because another CTA aborted records nothing)."""
+    if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
+        tl.store(err_ptr + 0, 1)
+        tl.store(err_ptr + 1, idx)
+        tl.store(err_ptr + 2, task)
+        tl.store(err_ptr + 3, tl.load(tgt_ptr + idx) * t1)
+        tl.store(err_ptr + 4, tl.load(cnt_ptr + idx, volatile=True))
+
+
+@triton.jit
+def _pipe_task(typ, layer, ti, nrun, tasks_ptr, w_ptr, small_ptr, soff_ptr, act_ptr, aoff_ptr, lrow, rpc_ptr,
+               fnorm_off, eps, cnt_ptr, tgt_ptr, cb, t1, sync_ptr, max_spin, logits_ptr, write_logits, partial_v_ptr,
+               step, pos, seed, inv_temp, best_v, best_i, H: tl.constexpr, I: tl.constexpr, V: tl.constexpr,
+               QS: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
+               BN_DOWN: tl.constexpr, BN_LM: tl.constexpr, BK: tl.constexpr, BK_GU: tl.constexpr,
+               WAIT: tl.constexpr, HAS_BIAS: tl.constexpr, GPOW: tl.constexpr, SAMPLE: tl.constexpr,
+               PIPE: tl.constexpr, VENDOR: tl.constexpr):
+    """The pipelined run of a GEMV phase: its input, norm weight, output and residual buffers and the
+    counters it waits on (rows per counter of the input: rpc), the same as the per-task branches'."""
+    fail = -1
+    if typ == T_QKV:
+        R = tl.load(rpc_ptr + 4)
+        best_v, best_i, fail = _gemv_run(
+            ti, nrun, tasks_ptr, w_ptr, act_ptr + tl.load(aoff_ptr + lrow + 0),
+            small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr, tgt_ptr, cb, (H - 1) // R + 1, t1, sync_ptr,
+            max_spin, act_ptr, tl.load(aoff_ptr + lrow + 1), 0, small_ptr + tl.load(soff_ptr + layer * 8 + 0),
+            logits_ptr, write_logits, partial_v_ptr, step, pos, seed, inv_temp, best_v, best_i, fail,
+            0, H, BN_QKV, BK, True, WAIT, I * H, HAS_BIAS, V, GPOW, SAMPLE, PIPE, VENDOR)
+    elif typ == T_O:
+        R = tl.load(rpc_ptr + 1)
+        best_v, best_i, fail = _gemv_run(
+            ti, nrun, tasks_ptr, w_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr,
+            cb, (QS - 1) // R + 1, t1, sync_ptr, max_spin, act_ptr, tl.load(aoff_ptr + lrow + 3),
+            tl.load(aoff_ptr + lrow + 0), small_ptr, logits_ptr, write_logits, partial_v_ptr, step, pos, seed,
+            inv_temp, best_v, best_i, fail, 2, QS, BN_O, BK, False, WAIT, I * H, False, V, GPOW, SAMPLE, PIPE,
+            VENDOR)
+    elif typ == T_GU:
+        R = tl.load(rpc_ptr + 2)
+        best_v, best_i, fail = _gemv_run(
+            ti, nrun, tasks_ptr, w_ptr, act_ptr + tl.load(aoff_ptr + lrow + 3),
+            small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps, cnt_ptr, tgt_ptr, cb, (H - 1) // R + 1, t1, sync_ptr,
+            max_spin, act_ptr, tl.load(aoff_ptr + lrow + 4), 0, small_ptr, logits_ptr, write_logits, partial_v_ptr,
+            step, pos, seed, inv_temp, best_v, best_i, fail, 3, H, BN_GU, BK_GU, True, WAIT, I * H, False, V, GPOW,
+            SAMPLE, PIPE, VENDOR)
+    elif typ == T_DOWN:
+        R = tl.load(rpc_ptr + 3)
+        best_v, best_i, fail = _gemv_run(
+            ti, nrun, tasks_ptr, w_ptr, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr,
+            cb, (I - 1) // R + 1, t1, sync_ptr, max_spin, act_ptr, tl.load(aoff_ptr + lrow + 5),
+            tl.load(aoff_ptr + lrow + 3), small_ptr, logits_ptr, write_logits, partial_v_ptr, step, pos, seed,
+            inv_temp, best_v, best_i, fail, 4, I, BN_DOWN, BK, False, WAIT, I * H, False, V, GPOW, SAMPLE, PIPE,
+            VENDOR)
+    else:   # T_LM
+        R = tl.load(rpc_ptr + 4)
+        best_v, best_i, fail = _gemv_run(
+            ti, nrun, tasks_ptr, w_ptr, act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr,
+            tgt_ptr, cb, (H - 1) // R + 1, t1, sync_ptr, max_spin, act_ptr, 0, 0, small_ptr, logits_ptr,
+            write_logits, partial_v_ptr, step, pos, seed, inv_temp, best_v, best_i, fail, 5, H, BN_LM, BK, True,
+            WAIT, I * H, False, V, GPOW, SAMPLE, PIPE, VENDOR)
+    return best_v, best_i, fail
+
+
+@triton.jit
 def _cache_block(kbase, vbase, p0, pos, HD: tl.constexpr, BT: tl.constexpr):
     """K and V of cache positions [p0, p0 + BT) below pos: history written by earlier tokens, so it can be
     loaded before this token's q/k/v exist."""
@@ -523,7 +689,7 @@ def monokernel(
     BK: tl.constexpr, BT: tl.constexpr, GPOW: tl.constexpr,
     MODE: tl.constexpr, SAMPLE: tl.constexpr,
     TRACE: tl.constexpr, VENDOR: tl.constexpr, FILTER_ITERS: tl.constexpr,
-    PF_DIST: tl.constexpr, PFB: tl.constexpr, ROWPF: tl.constexpr,
+    PF_DIST: tl.constexpr, PFB: tl.constexpr, ROWPF: tl.constexpr, PIPE: tl.constexpr,
     # tensor parallelism (kog.engine.tp_monokernel): off by default, and then the kernel is the single-GPU one
     TP: tl.constexpr = False, NR: tl.constexpr = 1, XR: tl.constexpr = 1, VR: tl.constexpr = 0,
     tp_ptr=None,
@@ -575,6 +741,7 @@ def monokernel(
             rm = -1
             pend_idx = -1    # deferred release: pend_n finished tiles not yet published on counter pend_idx
             pend_n = 0
+            fail = -1        # pipelined runs: first timed-out counter (-1: none)
             for ti in range(t_lo, t_hi):
                 # task row: type, layer, tile, barrier#, weight offset (lo, hi), release counter, wait base
                 trow = tasks_ptr + ti * 8
@@ -598,7 +765,27 @@ def monokernel(
                     t_start = tl.zeros([], dtype=tl.int64)
                 waited = tl.zeros([], dtype=tl.int64)
                 lrow = layer * AW
-                if typ == T_QKV:
+                dtyp = typ       # the type the per-task branches below dispatch on
+                rec = 1          # whether this task gets a trace record
+                if PIPE > 0:
+                    # pipelined GEMV runs: the run's first task runs all of them (_gemv_run); the others only
+                    # skip (column 3 = 0). Attention and barriers take the per-task branches as before.
+                    if (typ != T_ATTN) & (typ <= T_LM):
+                        dtyp = T_NONE
+                        nrun = tl.load(trow + 3)
+                        rec = (nrun > 0).to(tl.int32)
+                        if nrun > 0:
+                            best_v, best_i, fail = _pipe_task(typ, layer, ti, nrun, tasks_ptr, w_ptr, small_ptr,
+                                                              soff_ptr, act_ptr, aoff_ptr, lrow, rpc_ptr, fnorm_off,
+                                                              eps, cnt_ptr, tgt_ptr, cb, t1, sync_ptr, max_spin,
+                                                              logits_ptr, write_logits, partial_v_ptr, step, pos,
+                                                              seed, inv_temp, best_v, best_i, H, I, V, QS, BN_QKV,
+                                                              BN_O, BN_GU, BN_DOWN, BN_LM, BK, BK_GU, WAIT, HAS_BIAS,
+                                                              GPOW, SAMPLE, PIPE, VENDOR)
+                            pend_n += nrun
+                            if fail >= 0:
+                                _record_timeout(sync_ptr, err_ptr, cnt_ptr, tgt_ptr, cb + fail, ti, t1)
+                if dtyp == T_QKV:
                     rows = tile * BN_QKV + tl.arange(0, BN_QKV)
                     # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
                     # always-ready dummy counters
@@ -612,7 +799,7 @@ def monokernel(
                         y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
                     tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
                     pend_n += 1
-                elif typ == T_ATTN:
+                elif dtyp == T_ATTN:
                     # one split of one KV head; the last split to arrive merges the partials and publishes
                     g = tile // attn_S
                     split = tile % attn_S
@@ -646,7 +833,7 @@ def monokernel(
                         _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
                                       GH, SP, DT)
                         pend_n += 1
-                elif typ == T_O:
+                elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
                     acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps,
                                                     cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr,
@@ -658,7 +845,7 @@ def monokernel(
                         h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT))
                     pend_n += 1
-                elif typ == T_GU:
+                elif dtyp == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
                     ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                     act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -670,7 +857,7 @@ def monokernel(
                     y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # HF: silu(g) * u in bf16
                     tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y)
                     pend_n += 1
-                elif typ == T_DOWN:
+                elif dtyp == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
                     acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps,
                                                     cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr,
@@ -682,7 +869,7 @@ def monokernel(
                         hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT))
                     pend_n += 1
-                elif typ == T_LM:
+                elif dtyp == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
                     acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                 small_ptr + fnorm_off, eps, cnt_ptr,
@@ -712,7 +899,7 @@ def monokernel(
                                                       cnt_ptr, tgt_ptr, cb, rpc_ptr, rb, rm, pend_n, sync_ptr,
                                                       err_ptr, max_spin, w_ptr, tasks_ptr, t_hi, tp_ptr, t_start,
                                                       H, L, DT, I * H, PFB, TRACE, VENDOR, NR, XR)
-                else:  # T_BAR: grid mode's global barrier after a phase
+                elif dtyp == T_BAR:  # grid mode's global barrier after a phase
                     tl.debug_barrier()
                     tl.atomic_add(sync_ptr + S_BAR, 1, sem="release", scope="gpu")
                     nb = step * bar_per_tok + tl.load(trow + 3) + 1
@@ -723,7 +910,7 @@ def monokernel(
                     if TRACE:
                         waited = global_time_ns(VENDOR) - t_start
                 if TRACE:
-                    if (step < trace_tokens) & (tr < trace_cap):
+                    if (step < trace_tokens) & (tr < trace_cap) & (rec != 0):
                         _trace(trace_ptr, cta, tr, trace_cap, t_start, waited, ti, step, VENDOR)
                         tr += 1
             _flush(cnt_ptr, pend_idx, pend_n)

@@ -38,6 +38,25 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
+    """Column 3 of the task table for pipelined GEMV runs (EngineConfig.pipeline_stages): at the first task of
+    each maximal run of consecutive tasks of one CTA with the same type, layer, release counter and wait base,
+    the run's length; 0 at the run's other tasks (the kernel's run loop executes them)."""
+    from kog.engine.plan import T_ATTN, T_BAR
+    n = np.zeros(len(rows), dtype=np.int64)
+    key = rows[:, [0, 1, 6, 7]]
+    for c in range(len(cta_start) - 1):
+        i, hi = int(cta_start[c]), int(cta_start[c + 1])
+        while i < hi:
+            j = i + 1
+            if rows[i, 0] not in (T_ATTN, T_BAR):
+                while j < hi and (key[j] == key[i]).all():
+                    j += 1
+            n[i] = j - i
+            i = j
+    return n
+
+
 class Monokernel:
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
@@ -198,6 +217,9 @@ class Monokernel:
         out[:, 5] = -(-elems * self.wbuf.element_size() // 128)   # 128-byte lines of the tile (L2 prefetch)
         out[:, 6] = rel
         out[:, 7] = wait
+        if e.pipeline_stages:
+            gemv = (typ != T_ATTN) & (typ != T_BAR)       # barriers keep their number in column 3
+            out[:, 3] = np.where(gemv, _run_lengths(out, p.cta_start), out[:, 3])
         return out.astype(np.int32)
 
     # ---- launching ------------------------------------------------------------------------------------
@@ -243,7 +265,7 @@ class Monokernel:
                     BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
                     SAMPLE=mode, TRACE=bool(trace),
                     VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
-                    PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
+                    PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
                     num_warps=e.num_warps)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)

@@ -124,7 +124,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 BK=e.block_k, BT=e.attn_block, GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
                 SAMPLE=mode, TRACE=bool(trace),
                 VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
-                PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch),
+                PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
                 num_warps=e.num_warps)
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)

@@ -203,6 +203,8 @@ class TPMonokernel:
         if self.ecfg.mode != "targeted":
             raise ConfigError(f"engine config: mode {self.ecfg.mode!r} is not supported with tensor parallelism "
                               f"(only 'targeted')")
+        if self.ecfg.pipeline_stages:
+            raise ConfigError("engine config: pipeline_stages is not supported with tensor parallelism yet")
         if G & (G - 1):
             raise ConfigError(f"tensor-parallel degree G={G} is not a power of two (1, 2, 4, 8)")
         self.devices = tp_devices(G, devices)

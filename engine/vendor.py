@@ -73,3 +73,57 @@ def poll_acquire(ptr, VENDOR: tl.constexpr, SYS: tl.constexpr):
     else:
         v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
     return v
+
+
+# Wait (bounded) until counters[0..n) each reach target[i] * t1, as ONE instruction stream with no loop
+# structure visible to Triton: a spin written as a Python loop would stop the software pipeliner from
+# pipelining the loop around it (kog.engine.kernel._gemv_run). Each thread polls with ld.acquire.gpu, so each
+# thread's later loads see what the producers released. Every 64th poll reads the abort word (another CTA
+# timed out: stop at once). $0 = index of the counter that timed out (-1: all ready, or need == 0),
+# $1 = an opaque 0 that the consumer adds to its input's address: that data dependency keeps the input loads
+# below the wait (the pipeliner's scheduler may otherwise reorder them above it, even volatile ones).
+# Labels inside { } are local to the block, so the asm may appear any number of times in one kernel.
+WAIT_COUNTERS_PTX = tl.constexpr(
+    "{\n.reg .pred %wp;\n.reg .u32 %wn, %wi, %wt, %wv, %wa;\n.reg .u64 %wc, %wg;\n"
+    "mov.u32 $1, 0;\nmov.u32 $0, 0xFFFFFFFF;\nsetp.eq.u32 %wp, $8, 0;\n@%wp bra W_END;\n"
+    "mov.u64 %wc, $2;\nmov.u64 %wg, $3;\nmov.u32 %wi, 0;\n"
+    "W_NEXT:\nsetp.ge.u32 %wp, %wi, $4;\n@%wp bra W_END;\n"
+    "ld.global.b32 %wt, [%wg];\nmul.lo.u32 %wt, %wt, $5;\nmov.u32 %wn, 0;\n"
+    "W_POLL:\nld.acquire.gpu.global.b32 %wv, [%wc];\nsetp.ge.s32 %wp, %wv, %wt;\n@%wp bra W_READY;\n"
+    "add.u32 %wn, %wn, 1;\nand.b32 %wa, %wn, 63;\nsetp.ne.u32 %wp, %wa, 0;\n@%wp bra W_POLL;\n"
+    "ld.volatile.global.b32 %wa, [$7];\nsetp.ne.u32 %wp, %wa, 0;\n@%wp bra W_FAIL;\n"
+    "setp.lt.u32 %wp, %wn, $6;\n@%wp bra W_POLL;\n"
+    "W_FAIL:\nmov.u32 $0, %wi;\nbra W_END;\n"
+    "W_READY:\nadd.u32 %wi, %wi, 1;\nadd.u64 %wc, %wc, 4;\nadd.u64 %wg, %wg, 4;\nbra W_NEXT;\n"
+    "W_END:\n}")
+
+
+@triton.jit
+def wait_counters(cnt_ptr, tgt_ptr, n, t1, max_spin, abort_ptr, need, VENDOR: tl.constexpr):
+    """(failed counter index or -1, an opaque 0 to add to the next loads' addresses): wait until
+    cnt_ptr[i] >= tgt_ptr[i] * t1 for i < n when need != 0 (at most max_spin polls per counter).
+
+    NVIDIA: one inline asm (WAIT_COUNTERS_PTX), pipeliner-safe. Elsewhere (interpreter; AMD, unverified):
+    a plain bounded loop of acquire polls; Triton then does not software-pipeline the loop around it."""
+    if VENDOR == 1:
+        f, dep = tl.inline_asm_elementwise(WAIT_COUNTERS_PTX, "=r,=r,l,l,r,r,r,l,r",
+                                           [cnt_ptr, tgt_ptr, n, t1, max_spin, abort_ptr, need],
+                                           dtype=(tl.int32, tl.int32), is_pure=False, pack=1)
+    else:
+        f = n * 0 - 1
+        dep = n * 0
+        if need != 0:
+            for i in range(0, n):
+                if f < 0:
+                    tgt = tl.load(tgt_ptr + i) * t1
+                    v = poll_acquire(cnt_ptr + i, VENDOR, False)
+                    k = 0
+                    while (v < tgt) & (k < max_spin):
+                        v = poll_acquire(cnt_ptr + i, VENDOR, False)
+                        k += 1
+                        if k % 64 == 0:
+                            if tl.load(abort_ptr, volatile=True) != 0:
+                                k = max_spin
+                    if v < tgt:
+                        f = i
+    return f, dep

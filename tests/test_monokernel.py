@@ -117,3 +117,35 @@ def test_row_prefetch_matches_reference(mode):
     of a token reads the next token's first row): same tokens and logits as the reference."""
     ref, got, err = run_both(TINY, torch.float32, SMALL_TILES.replace(mode=mode, row_prefetch=1), [5, 17, 33, 2, 9])
     assert got == ref and err < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_pipelined_runs_match_reference(mode):
+    """pipeline_stages: each CTA runs consecutive same-phase GEMV tasks as one chunk loop (two K chunks per
+    task here, one wait per run, each task's epilogue at its last chunk): same tokens and logits."""
+    e = SMALL_TILES.replace(mode=mode, pipeline_stages=3, block_k=32)
+    ref, got, err = run_both(TINY, torch.float32, e, [5, 17, 33, 2, 9])
+    assert got == ref and err < 1e-4
+
+
+def test_pipelined_runs_qwen2_bias_fp16():
+    cfg = TINY.replace(arch="qwen2", attention_bias=True)
+    ref, got, err = run_both(cfg, torch.float16, SMALL_TILES.replace(pipeline_stages=4, block_k=32),
+                             list(range(3, 23)))
+    assert got == ref and err < 5e-3
+
+
+def test_pipelined_run_lengths_and_validation():
+    from kog.engine.config import ConfigError
+    from kog.engine.monokernel import _run_lengths
+    import numpy as np
+    # rows: type, layer, tile, aux, woff, lines, rel, wait; two CTAs
+    rows = np.array([[0, 0, 0, 0, 0, 0, 5, 1], [0, 0, 1, 0, 0, 0, 5, 1], [1, 0, 0, 0, 0, 0, 6, 2],
+                     [3, 0, 0, 0, 0, 0, 7, 3], [3, 0, 1, 0, 0, 0, 8, 3],     # other release counter: new run
+                     [5, 1, 0, 0, 0, 0, -1, 4], [5, 1, 1, 0, 0, 0, -1, 4], [5, 1, 2, 0, 0, 0, -1, 4]])
+    n = _run_lengths(rows, np.array([0, 5, 8]))
+    assert n.tolist() == [2, 0, 1, 1, 1, 3, 0, 0]
+    with pytest.raises(ConfigError, match="pipeline_stages"):
+        EngineConfig(pipeline_stages=3, block_k=128).validate(TINY)
+    with pytest.raises(ConfigError, match="row_prefetch"):
+        EngineConfig(pipeline_stages=3, row_prefetch=1).validate(TINY)
