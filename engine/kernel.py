@@ -343,7 +343,8 @@ def _gemv_run(ti0, nrun, tasks_ptr, w_ptr, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, 
         x = _load_after_wait(x_ptr + dep + kk, VENDOR)
         if NORM:
             xg = x * tl.load(g_ptr + kk)
-            ss = tl.where(kc == 0, 0.0, ss) + tl.sum(x * x, axis=0)
+            if j == 0:   # the run's tasks share one input: its sum of squares comes from the first task's chunks
+                ss += tl.sum(x * x, axis=0)
         else:
             xg = x
         acc = tl.where(kc == 0, 0.0, acc) + tl.sum(wa.to(tl.float32) * xg[None, :], axis=1)

@@ -271,8 +271,10 @@ _SOURCES = [
     ("bench/h200/engine_check_attnsplit_2026-11-29.json", None, "541e351",
      "attention split over cache positions (last arriver merges), HF rounding points", _SPLIT_DEFAULTS, True, 256,
      True),
-    ("bench/h200/llama-3.2-1b.json", None, "1abbc77",
-     "attention split, bn_gate_up 8 (current defaults)", _NEW_DEFAULTS, True, 512, True),
+    ("bench/h200/llama-3.2-1b.json", "dd110d4", "1abbc77",
+     "attention split, bn_gate_up 8", _NEW_DEFAULTS, True, 512, True),
+    ("bench/h200/llama-3.2-1b.json", None, "598343f",
+     "acquire polls, weight tiles loaded evict_first (current defaults)", _NEW_DEFAULTS, True, 512, True),
 ]
 _CFG_FIELDS = tuple(_OLD_DEFAULTS)
 _PHASES_BD = ("qkv", "attn", "o", "gate_up", "down", "lm")
@@ -785,6 +787,45 @@ def predict(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None
             params: EngineParams | None = None, context: int = 320) -> Prediction:
     """The engine model (predict_engine) for the current engine: split attention, estimated spills."""
     return predict_engine(model, cfg, scan, params, context=context, attn_split=True)
+
+
+# Tensor parallelism: defaults where the scan has no p2p tables (bench/h200x2/p2p_2026-11-29.json, 2 x H200
+# over NVLink: one-way flag 1.27 / 1.73 us, median 1.50; peer copy 657 / 662 GB/s).
+TP_FLAG_US = 1.5
+TP_PEER_GBPS = 660.0
+TP_EXCHANGES_PER_LAYER = 2   # after O (attention partial sums) and after down (MLP partial sums)
+
+
+def predict_tp(model: ModelConfig, cfg: EngineConfig, G: int, exchange_rows: int,
+               scan: ScanModel | None = None, params: EngineParams | None = None, context: int = 320) -> Prediction:
+    """Tensor-parallel engine (kog.engine.tp_monokernel) over G GPUs: one rank's engine-model prediction on
+    its shard (kog.engine.tp.shard_config: heads, intermediate and vocab divided by G) plus the exchange.
+
+    Exchange (breakdown part 'exchange'): per layer TP_EXCHANGES_PER_LAYER points, each exposing one
+    cross-GPU flag latency (the scan's p2p_flag_us when the scan has kogprobe's p2p tables, else TP_FLAG_US,
+    the measured 2 x H200 median) plus one chunk's partial sums (exchange_rows fp32 values to each of the
+    G - 1 peers) over the peer bandwidth (scan p2p_gbps, else TP_PEER_GBPS); plus one flag per token for the
+    ranks' pick exchange. The chunks before the last overlap with the producers' remaining tiles (that is
+    what the chunking is for), so only the last chunk is counted.
+    UNCALIBRATED: no term here is fitted to TP measurements. The only TP numbers measured so far
+    (bench/h200x4/tp_check_2026-11-29.json, llama-3.2-1b, exchange_rows 256) are 1,173.4 tok/s at G=2 and
+    1,398.6 at G=4, against 890.9 single-GPU; the comparison is in tests/test_tune_tp.py."""
+    from kog.engine.config import ConfigError
+    from kog.engine.tp import shard_config
+    scan = scan or load_scan()
+    try:
+        shard = shard_config(model, G)
+    except ConfigError as e:
+        return Prediction(0.0, math.inf, {}, feasible=False, reason=str(e))
+    base = predict(shard, cfg, scan, params, context=context)
+    if not base.feasible:
+        return base
+    flag_us = scan.p2p_flag_us if scan.p2p_flag_us else TP_FLAG_US
+    gbps = scan.p2p_gbps if scan.p2p_gbps else TP_PEER_GBPS
+    chunk_us = exchange_rows * 4 * (G - 1) / (gbps * 1e3)      # fp32 partials; GB/s -> bytes/us = 1e3
+    ex_us = model.num_layers * TP_EXCHANGES_PER_LAYER * (flag_us + chunk_us) + flag_us
+    s = base.seconds_per_token + ex_us * 1e-6
+    return Prediction(1.0 / s, s, {**base.breakdown, "exchange": ex_us * 1e-6})
 
 
 def trial_error(rows: Iterable[dict[str, Any]], model: ModelConfig, scan: ScanModel | None = None) -> dict[str, Any]:
