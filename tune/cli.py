@@ -33,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu: measure on the GPU; sim: predict with the cost model from a probe scan")
     s.add_argument("--workers", type=int, default=1, help="worker processes (one per GPU on a multi-GPU host)")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds before a trial is killed")
+    s.add_argument("--tp", default=None, metavar="LIST",
+                   help="tensor-parallel degrees to search, e.g. 1,2,4 (powers of two <= 8; default: 1 GPU, "
+                        "no TP); the stored engine default stays the best single-GPU config")
+    s.add_argument("--exchange-rows", default=None, metavar="LIST",
+                   help="hidden rows per cross-GPU exchange chunk to search with --tp (default 64,128,256)")
+    s.add_argument("--gpus", type=int, default=None,
+                   help="GPUs a TP trial may use (gpu: at most the visible ones, the default; sim: the "
+                        "simulated host's, default 8)")
     s.add_argument("--runs-dir", default=None)
     s.add_argument("--json", action="store_true")
 
@@ -94,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     # Commands that measure on a GPU check for one before importing their module, so a machine
     # without one gets one clear line (exit 2) whatever that module needs at import time.
     if args.cmd == "search":
+        from kog.tune.space import parse_exchange_rows, parse_tp_degrees
+        args.tp_degrees = parse_tp_degrees(args.tp)           # bad --tp: one line before anything else
+        parse_exchange_rows(args.exchange_rows)
         if args.backend == "gpu":
             from kog.probe.device import require_gpu
             args.device_info = require_gpu()

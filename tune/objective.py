@@ -2,7 +2,8 @@
 
 Child side (run by kog.tune.worker): `gpu_trial` builds the monokernel for one EngineConfig, checks its
 teacher-forced logits against the reference (max_rel_err <= 2e-2, else CorrectnessError: a wrong config is
-a failed trial, never a best), reports a short measurement (for pruning), then returns the median tok/s of
+a failed trial, never a best; with payload "tp" {"G" > 1, "exchange_rows"} it builds the tensor-parallel
+engine kog.engine.tp_monokernel.TPMonokernel over cuda:0..G-1 instead), reports a short measurement (for pruning), then returns the median tok/s of
 `repeats` runs (TRIAL_DEFAULTS: 128 tokens x 3). In a warm worker (isolation.WarmWorker) the weights, the
 prompt and the reference logits are made once per process (model_state, kept in kog.tune.worker.CACHE),
 so a trial costs the Monokernel build, the gate and the timed runs. `precompile_one` compiles the kernel
@@ -46,11 +47,23 @@ def sim_trial(payload: dict[str, Any], report: Callable[[int, float], None]) -> 
     model = resolve_model_config(payload["model"])
     cfg = EngineConfig.from_dict(payload["config"])
     scan = load_scan(payload.get("scan"))
-    pr = predict(model, cfg, scan)
+    g, x = tp_of(payload)
+    if g > 1:
+        from kog.tune.simulator import predict_tp
+        pr = predict_tp(model, cfg, g, x, scan)
+    else:
+        pr = predict(model, cfg, scan)
     if not pr.feasible:
         raise LaunchError(pr.reason)
     report(0, pr.tok_per_s)
     return {"value": pr.tok_per_s, "breakdown": pr.breakdown, "max_rel_err": 0.0, "simulated": True}
+
+
+def tp_of(payload: dict[str, Any]) -> tuple[int, int | None]:
+    """(G, exchange_rows) of a payload: (1, None) without tensor parallelism."""
+    tp = payload.get("tp") or {}
+    g = int(tp.get("G", 1))
+    return g, (int(tp["exchange_rows"]) if g > 1 and tp.get("exchange_rows") else None)
 
 
 def _teacher_forced(mk, prompt: list[int], forced: list[int]):
@@ -130,8 +143,18 @@ def sm_partition(payload: dict[str, Any]) -> dict[int, int] | None:
 
 
 def _build(payload: dict[str, Any], st: dict[str, Any]):
-    from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
     cfg = EngineConfig.from_dict(payload["config"])
+    g, x = tp_of(payload)
+    if g > 1:
+        # the TP engine: rank r on cuda:r (the worker sees every GPU: search refuses --tp with --workers > 1)
+        from kog.engine.tp_monokernel import TPMonokernel
+        dev = str(payload.get("device", "cuda"))
+        devices = None if dev.startswith("cuda") else [dev] * g   # CPU interpreter tests: every rank on cpu
+        mk = TPMonokernel(st["model"], st["weights"], g, cfg, devices=devices,
+                          max_seq=int(_opt(payload, "max_seq")), exchange_rows=x)
+        mk.n_eos = 0        # its setter sets every rank's n_eos (a rank's EOS ends the token stream)
+        return mk
+    from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
     part = sm_partition(payload) if cfg.mapping == "topology" else None
     mk = Monokernel(st["model"], st["weights"], cfg, payload.get("device", "cuda"),
                     max_seq=int(_opt(payload, "max_seq")), sm_partition=part)
@@ -213,6 +236,11 @@ def precompile_one(payload: dict[str, Any], report: Callable[[int, float], None]
     from kog.engine import kernel as K
     from kog.engine.vendor import INTERPRET, vendor_code
     t0 = time.perf_counter()
+    if tp_of(payload)[0] > 1:
+        # the TP engine's G launches wait on each other's flags: warmup() stand-ins would leave its token
+        # loop waiting; a TP trial compiles on its first (gate) launch instead (search skips it here too)
+        return {"value": time.perf_counter() - t0, "compiled": 0, "failed": [], "kernel_regs": [],
+                "skipped": "tensor-parallel config: compiled by its trial"}
     st = model_state(payload, gate=False)
     cfgs = payload.get("configs") or [payload["config"]]
     interp = vendor_code() == INTERPRET   # nothing to compile: the interpreter runs the Python source
@@ -261,6 +289,7 @@ class TrialContext:
     env: dict[str, str] | None = None
     target: str | None = None       # override the child function (tests)
     runner: Any = None              # a kog.tune.isolation.WarmWorker; None: a fresh process per trial
+    gpus: int = 1                   # GPUs a trial may use (tensor-parallel degrees above it are rejected)
 
 
 class Objective:
@@ -288,10 +317,16 @@ class Objective:
         """The payload to run, or the value of an identical finished trial; raises optuna.TrialPruned for
         an impossible config and TrialFailed for one that failed before."""
         import optuna
-        from kog.tune.space import Infeasible, check
+        from kog.tune.space import Infeasible, check, check_tp, tp_from_params
         cfg = self.space.suggest(trial)
         trial.set_user_attr("config", cfg.to_dict())
+        g, x = tp_from_params(trial.params)
+        tp = {"G": g, "exchange_rows": x}
+        if g > 1:
+            trial.set_user_attr("tp", tp)
         try:
+            # the TP reasons first (a grid-mode TP trial is refused for being grid mode, whatever else)
+            check_tp(cfg, self.ctx.model, g, x, self.ctx.gpus, self.ctx.sms, self.max_ctas)
             check(cfg, self.ctx.model, self.ctx.sms, self.max_ctas)
         except Infeasible as e:
             trial.set_user_attr("fail_reason", f"invalid: {e}")
@@ -305,8 +340,11 @@ class Objective:
             trial.set_user_attr("fail_reason", reason[:500])
             trial.set_user_attr("fail_kind", prev.user_attrs.get("fail_kind", "error"))
             raise TrialFailed(reason)
-        return {"model": self.ctx.model_spec, "config": cfg.to_dict(), "scan": self.ctx.scan_path,
-                **self.ctx.payload_extra}
+        payload = {"model": self.ctx.model_spec, "config": cfg.to_dict(), "scan": self.ctx.scan_path,
+                   **self.ctx.payload_extra}
+        if g > 1:
+            payload["tp"] = tp
+        return payload
 
     def execute(self, trial, payload: dict[str, Any]) -> float:
         import optuna

@@ -32,6 +32,8 @@ class ScanModel:
     dies: int = 1
     source: str = "synthetic"          # path of the scan, or "synthetic" (anchor numbers, no scan)
     smids: tuple[int, ...] = field(default=())   # CTA -> SM placement when the scan recorded it
+    p2p_flag_us: float | None = None   # GPU -> GPU one-way flag (kogprobe p2p_latency, triton-flag rows), if scanned
+    p2p_gbps: float | None = None      # GPU -> GPU peer copy bandwidth (kogprobe p2p_bandwidth, off-diagonal)
 
     def bandwidth_gbps(self, active_sms: float) -> float:
         """Streaming bandwidth with `active_sms` SMs reading (linear below the first point)."""
@@ -153,7 +155,20 @@ def scan_from_dir(path: str | Path) -> ScanModel:
     if launch is None and la is not None and len(la):
         coop = la[la["mode"].astype(str).str.contains("coop")] if "mode" in la else la
         launch = float((coop if len(coop) else la)["us"].median())
+    p2p_flag, p2p_bw = None, None      # multi-GPU scans only (kogprobe's p2p probe); medians over GPU pairs
+    pl = table("p2p_latency")
+    if pl is not None and len(pl):
+        off = pl[pl["src"] != pl["dst"]]
+        if "method" in off:
+            flagged = off[off["method"].astype(str) == "triton-flag"]
+            off = flagged if len(flagged) else off
+        p2p_flag = float(off["us"].median()) if len(off) else None
+    pb = table("p2p_bandwidth")
+    if pb is not None and len(pb):
+        off = pb[pb["src"] != pb["dst"]]
+        p2p_bw = float(off["GBps"].median()) if len(off) else None
     return ScanModel(
+        p2p_flag_us=p2p_flag, p2p_gbps=p2p_bw,
         sms=sms, bw_sms=bw_sms, bw_gbps=bw_gbps,
         latency_ns=float(lat if lat is not None else base.latency_ns),
         barrier_ctas=b_ctas, barrier_us_=b_us,

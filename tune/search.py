@@ -9,6 +9,13 @@ re-queued once: at start-up for processes of this host whose pid is gone, and th
 Every trial runs isolated from the study (kog.tune.isolation), in one warm worker process per GPU that is
 replaced after any failure that may have poisoned it. On the GPU the trials are asked a few at a time and
 their kernels compile in parallel processes while the previous few are measured (optimize_ahead).
+
+Tensor parallelism (--tp 1,2,4, --exchange-rows, --gpus; kog.tune.space's docstring): the degrees must be
+powers of two <= 8 and, on the GPU, at most torch.cuda.device_count() (UsageError before the study starts);
+under --backend sim the simulated host has --gpus GPUs (default 8). A TP trial uses GPUs 0..G-1 of its
+worker, so --tp > 1 runs with one worker; its kernels compile on its first launch (not ahead). The tuned-config
+store keeps single-GPU configs only: when a TP trial is best, the best degree-1 trial is stored as the engine
+default and the TP best is reported beside it (summary 'best_tp', study user attr 'best_tp').
 """
 from __future__ import annotations
 
@@ -151,6 +158,19 @@ class Setup:
     has_scan: bool
     study_name: str
     storage_url: str
+    gpus: int = 1                                   # GPUs a trial may use (TP degrees above it are refused)
+    tp_degrees: tuple[int, ...] = (1,)
+    exchange_rows: tuple[int, ...] | None = None    # None: the space's default choices
+
+    def space(self):
+        """build_space(model, has_scan) with this search's TP choices."""
+        import dataclasses
+        from kog.tune.space import build_space
+        sp = build_space(self.model, self.has_scan)
+        kw: dict[str, Any] = {"tp_degrees": tuple(self.tp_degrees)}
+        if self.exchange_rows is not None:
+            kw["exchange_rows"] = tuple(self.exchange_rows)
+        return dataclasses.replace(sp, **kw)
 
 
 def _slug(s: str) -> str:
@@ -177,15 +197,50 @@ def prepare(args) -> Setup:
         name, sms = scan.device_name, scan.sms
         scan_path = str(scan_dir) if scan_dir else None
         has_scan = True   # the simulator's scan (or its synthetic stand-in) drives the topology mapping
-    study = args.study or f"kog-{_slug(name)}-{_slug(model.name)}" + ("-sim" if backend == "sim" else "")
+    tp, xr, gpus = _tp_args(args, backend)
+    # a TP study has other parameters (and choice lists) than a single-GPU one: its own default name
+    suffix = "" if len(tp) == 1 else "-tp" + "-".join(map(str, tp)) + (
+        "" if xr is None else "-x" + "-".join(map(str, xr)))
+    study = args.study or f"kog-{_slug(name)}-{_slug(model.name)}" + ("-sim" if backend == "sim" else "") + suffix
     storage = args.storage or default_storage(args.runs_dir)
-    return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage)
+    return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage, gpus, tp, xr)
+
+
+def _tp_args(args, backend: str) -> tuple[tuple[int, ...], tuple[int, ...] | None, int]:
+    """(TP degrees, exchange_rows choices or None, GPUs) from the arguments; UsageError (one line) for a
+    degree this host (or the simulated one) cannot run, before any study is opened."""
+    from kog.tune.space import MAX_TP, parse_exchange_rows, parse_tp_degrees
+    tp = getattr(args, "tp_degrees", None) or parse_tp_degrees(getattr(args, "tp", None))
+    text = getattr(args, "exchange_rows", None)
+    xr = parse_exchange_rows(text) if text is not None else None     # None: the space's default choices
+    want = getattr(args, "gpus", None)
+    if want is not None and want < 1:
+        raise UsageError(f"--gpus {want}: must be >= 1")
+    if backend == "gpu":
+        import torch
+        have = torch.cuda.device_count()
+        if want is not None and want > have:
+            raise UsageError(f"--gpus {want}: this host has {have} visible GPU(s)")
+        gpus = want or have
+        where = f"this host has {have} visible GPU(s)" + (f" (--gpus {want})" if want else "")
+    else:
+        gpus = want or MAX_TP
+        where = f"the simulated host has {gpus} GPU(s) (--gpus)"
+    if max(tp) > gpus:
+        raise UsageError(f"--tp {','.join(map(str, tp))}: tensor-parallel degree {max(tp)} needs {max(tp)} GPUs; "
+                         f"{where}")
+    if backend == "gpu" and max(tp) > 1 and getattr(args, "workers", 1) > 1:
+        raise UsageError("--tp with a degree > 1 runs with --workers 1 (a TP trial uses GPUs 0..G-1)")
+    return tuple(tp), (tuple(xr) if xr is not None else None), gpus
 
 
 def study_attrs(s: Setup) -> dict[str, Any]:
     from kog.tune.store import shape_signature
-    return {"model": s.model.name, "model_shape": shape_signature(s.model), "dtype": s.model.dtype,
-            "device": s.device_name, "backend": s.backend}
+    out = {"model": s.model.name, "model_shape": shape_signature(s.model), "dtype": s.model.dtype,
+           "device": s.device_name, "backend": s.backend}
+    if len(s.tp_degrees) > 1:          # recorded, not checked: a study without --tp keeps exactly its old attrs
+        out["tp_degrees"] = list(s.tp_degrees)
+    return out
 
 
 def open_study(s: Setup, storage, sampler, pruner):
@@ -312,7 +367,7 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
     env = {"CUDA_VISIBLE_DEVICES": str(worker_index)} if gpu_env else None
     runner = WarmWorker(env, f"measure-{worker_index}")
     ctx = TrialContext(s.model_spec, s.model, s.sms, s.backend, timeout, s.scan_path,
-                       build_space(s.model, s.has_scan), payload_extra or {}, env, target, runner)
+                       s.space(), payload_extra or {}, env, target, runner, gpus=s.gpus)
     if ahead is None:
         ahead = AHEAD if s.backend == "gpu" else 0
     ctarget = compile_target or (COMPILE_TARGET if s.backend == "gpu" else None)
@@ -431,6 +486,8 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
         from kog.engine.engine_config import EngineConfig
         new = []
         for _, p in batch:                    # every new config (its variant may be new), grouped by kernel
+            if (p.get("tp") or {}).get("G", 1) > 1:
+                continue                      # TP: compiled by its trial (objective.precompile_one says why)
             k = json.dumps(p["config"], sort_keys=True)
             if k not in compiled:
                 compiled.add(k)
@@ -544,8 +601,8 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     takes over, and compiled ahead in parallel."""
     import optuna
     from kog.engine.engine_config import EngineConfig
-    from kog.tune.space import Infeasible, build_space, check, residency_fn
-    space = build_space(s.model, s.has_scan)
+    from kog.tune.space import Infeasible, check, check_tp, residency_fn, tp_from_params
+    space = s.space()
     maxc = residency_fn(s.backend)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -555,6 +612,8 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
         p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin",)}
         if p["mode"] == "grid":
             p.pop("sync_rows")
+        if len(space.tp_degrees) > 1:
+            p["tp_degree"] = 1            # the engine default runs on one GPU
         out.append(p)
         seen.add(json.dumps(p, sort_keys=True))
     except Infeasible:
@@ -567,6 +626,8 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
         cfg = space.suggest(t)
         try:
             check(cfg, s.model, s.sms, maxc)
+            g, x = tp_from_params(t.params)
+            check_tp(cfg, s.model, g, x, s.gpus, s.sms, maxc)
         except Infeasible:
             continue
         key = json.dumps(t.params, sort_keys=True)
@@ -699,6 +760,18 @@ def summarize(study) -> dict[str, Any]:
                        "config": b.user_attrs.get("config"), "breakdown": b.user_attrs.get("breakdown")}
     except ValueError:
         out["best"] = None
+    # tensor parallelism: the store's engine default is the best single-GPU trial; the TP best beside it
+    b = out["best"]
+    if b is not None and int(b["params"].get("tp_degree", 1)) > 1:
+        g, x = int(b["params"]["tp_degree"]), b["params"].get("exchange_rows")
+        b["tp"] = {"G": g, "exchange_rows": x}
+        out["best_tp"] = {"number": b["number"], "tok_per_s": b["tok_per_s"], "G": g, "exchange_rows": x,
+                          "config": b["config"]}
+        single = [t for t in ts if t.state == TrialState.COMPLETE and int(t.params.get("tp_degree", 1)) == 1]
+        s1 = max(single, key=lambda t: t.value, default=None)
+        out["best_single_gpu"] = None if s1 is None else {
+            "number": s1.number, "tok_per_s": s1.value, "params": s1.params, "config": s1.user_attrs.get("config"),
+            "breakdown": s1.user_attrs.get("breakdown")}
     return out
 
 
@@ -710,11 +783,19 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
     summ.update({"storage": redact(s.storage_url), "wall_s": round(wall, 2), "revived_dead_trials": revived,
                  "backend": s.backend, "sampler": args.sampler})
     stored = False
-    if summ["best"] is not None and summ["best"].get("config"):
-        cfg = EngineConfig.from_dict(summ["best"]["config"])
-        stored = store.save_best(s.device_name, s.model, cfg, summ["best"]["tok_per_s"],
-                                 source={"backend": s.backend, "study": s.study_name,
-                                         "storage": redact(s.storage_url), "trial": summ["best"]["number"]})
+    # the engine default is a single-GPU config: with a TP best, the best degree-1 trial is stored
+    sb = summ["best_single_gpu"] if "best_tp" in summ else summ["best"]
+    if sb is not None and sb.get("config"):
+        cfg = EngineConfig.from_dict(sb["config"])
+        source = {"backend": s.backend, "study": s.study_name, "storage": redact(s.storage_url),
+                  "trial": sb["number"]}
+        if "best_tp" in summ:
+            source["tp_best"] = {k: summ["best_tp"][k] for k in ("G", "exchange_rows", "tok_per_s", "number")}
+            try:
+                study.set_user_attr("best_tp", source["tp_best"])
+            except Exception:
+                pass
+        stored = store.save_best(s.device_name, s.model, cfg, sb["tok_per_s"], source=source)
     summ["stored"] = stored
     summ["store"] = str(store.store_path())
     dev = s.device if s.device is not None else {"name": s.device_name, "sms": s.sms, "simulated": True}
@@ -750,9 +831,18 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
         st = ", ".join(f"{k.lower()} {v}" for k, v in summ["states"].items())
         print(f"study {s.study_name} ({summ['storage']}): {summ['trials']} trials ({st})")
         if b:
-            print(f"best: {b['tok_per_s']:.1f} tok/s{' (simulated)' if s.backend == 'sim' else ''} "
-                  f"trial {b['number']}: {json.dumps(b['params'])}")
-            print(f"stored in {summ['store']}" if stored else "not stored: an equal or better config is stored")
+            sim = " (simulated)" if s.backend == "sim" else ""
+            print(f"best: {b['tok_per_s']:.1f} tok/s{sim} trial {b['number']}: {json.dumps(b['params'])}")
+            if "best_tp" in summ:
+                t1 = summ["best_single_gpu"]
+                print(f"best is tensor-parallel (G={b['tp']['G']}, exchange_rows {b['tp']['exchange_rows']}): "
+                      f"not an engine default; best single-GPU: " + (
+                          f"{t1['tok_per_s']:.1f} tok/s{sim} trial {t1['number']}" if t1 else "none"))
+            if "best_tp" in summ and summ["best_single_gpu"] is None:
+                print("not stored: no single-GPU trial completed")
+            else:
+                print((f"stored{' (the best single-GPU config)' if 'best_tp' in summ else ''} in {summ['store']}")
+                      if stored else "not stored: an equal or better config is stored")
         print(f"run: {summ['run']}")
         if report_path:
             print(str(report_path))

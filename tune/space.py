@@ -5,8 +5,17 @@ hosts; choices a model cannot use (a tile that does not divide a phase's rows) s
 rejected by EngineConfig.validate() before any launch (the trial is PRUNED with its reason in the user
 attribute 'fail_reason'). sync_rows is only sampled in targeted mode (grid mode has no counters).
 The "topology" mapping is offered when this device has a kogprobe scan (its CTA->SM placement and
-bandwidth-vs-SMs table are what the mapping is built from). Tensor parallelism is out of scope (one GPU
-per engine); --workers parallelises the search, not the model.
+bandwidth-vs-SMs table are what the mapping is built from). --workers parallelises the search, not the
+model.
+
+Tensor parallelism (`kogtune search --tp 1,2,4`): Space.tp_degrees / Space.exchange_rows. Only when more than
+one degree is offered does suggest() sample "tp_degree" (and, for a degree > 1, "exchange_rows": hidden rows
+per cross-GPU exchange chunk), so a study without --tp keeps exactly its old parameters. The TP choices are
+not EngineConfig fields: they live in the trial params and the payload's "tp" ({"G", "exchange_rows"});
+config_from_params ignores them. check_tp() rejects before any launch (PRUNED, 'fail_reason'): a degree
+above the GPUs the search has, a mode other than targeted, pipeline_stages, a model that does not shard over
+G (kog.engine.tp.shard_config), an engine config the rank's shard cannot run, and an exchange_rows that
+kog.engine.tp_monokernel.check_exchange_rows refuses. A degree-1 trial runs the single-GPU engine.
 """
 from __future__ import annotations
 
@@ -22,6 +31,8 @@ WARPS_CHOICES = (2, 4, 8)
 CTAS_CHOICES = (1, 2, 3, 4, 5, 6, 8)
 SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 4096, 8192)   # 8192: the engine default (one counter a buffer)
 ATTN_BLOCK_CHOICES = (32, 64, 128)
+EXCHANGE_ROWS_CHOICES = (64, 128, 256)
+MAX_TP = 8                  # GPUs of one host the TP engine is built for (G is a power of two <= 8)
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
 
 
@@ -42,6 +53,8 @@ class Space:
     prefetch: tuple[int, ...] = (0, 1, 2)        # L2 prefetch distance in tasks
     row_prefetch: tuple[int, ...] = (0, 1)       # next task's row read during the current task
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
+    tp_degrees: tuple[int, ...] = (1,)           # > 1 entry: "tp_degree" is a parameter (module docstring)
+    exchange_rows: tuple[int, ...] = EXCHANGE_ROWS_CHOICES
 
     def suggest(self, trial) -> EngineConfig:
         mode = trial.suggest_categorical("mode", list(self.modes))
@@ -58,6 +71,10 @@ class Space:
         kw["row_prefetch"] = trial.suggest_categorical("row_prefetch", list(self.row_prefetch))
         kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
         kw["attn_block"] = trial.suggest_categorical("attn_block", list(self.attn_block))
+        if len(self.tp_degrees) > 1:
+            g = trial.suggest_categorical("tp_degree", list(self.tp_degrees))
+            if g > 1:
+                trial.suggest_categorical("exchange_rows", list(self.exchange_rows))
         return EngineConfig(**kw)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +130,82 @@ def check(cfg: EngineConfig, model: ModelConfig, sms: int,
     except ConfigError as e:
         raise Infeasible(str(e)) from None
     return cfg
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    from kog.probe.errors import UsageError
+    try:
+        vals = tuple(sorted({int(v) for v in str(text).split(",") if v.strip()}))
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected comma-separated integers, e.g. {flag} 1,2,4") from None
+    if not vals:
+        raise UsageError(f"{flag} {text!r}: expected comma-separated integers, e.g. {flag} 1,2,4")
+    return vals
+
+
+def parse_tp_degrees(text: str | None) -> tuple[int, ...]:
+    """`--tp 1,2,4` -> (1, 2, 4); UsageError (one line) for a degree that is not a power of two <= MAX_TP.
+    None -> (1,): no tensor parallelism, the space of a study without --tp."""
+    from kog.probe.errors import UsageError
+    if text is None:
+        return (1,)
+    vals = _int_list(text, "--tp")
+    bad = [g for g in vals if g < 1 or g & (g - 1) or g > MAX_TP]
+    if bad:
+        raise UsageError(f"--tp {text}: tensor-parallel degree {bad[0]} is not a power of two <= {MAX_TP} "
+                         f"(1, 2, 4, 8)")
+    return vals
+
+
+def parse_exchange_rows(text: str | None) -> tuple[int, ...]:
+    """`--exchange-rows 64,128` -> (64, 128); UsageError for a value that is not a power of two."""
+    from kog.probe.errors import UsageError
+    if text is None:
+        return EXCHANGE_ROWS_CHOICES
+    vals = _int_list(text, "--exchange-rows")
+    bad = [x for x in vals if x < 1 or x & (x - 1)]
+    if bad:
+        raise UsageError(f"--exchange-rows {text}: {bad[0]} is not a power of two")
+    return vals
+
+
+def tp_from_params(params: dict[str, Any]) -> tuple[int, int | None]:
+    """(G, exchange_rows) of a trial's params: (1, None) for a study without --tp or a degree-1 trial."""
+    g = int(params.get("tp_degree", 1))
+    return g, (int(params["exchange_rows"]) if g > 1 and "exchange_rows" in params else None)
+
+
+def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int | None, gpus: int, sms: int,
+             max_ctas: Callable[[ModelConfig, EngineConfig], int] | None = None) -> None:
+    """Raise Infeasible naming the first reason a tensor-parallel choice cannot run (nothing for G == 1).
+    Lazy engine imports: only a TP study pays for them."""
+    if G == 1:
+        return
+    if G < 1 or G & (G - 1) or G > MAX_TP:
+        raise Infeasible(f"tp_degree {G} is not a power of two <= {MAX_TP}")
+    if G > gpus:
+        raise Infeasible(f"tp_degree {G} exceeds the {gpus} GPU(s) this search has")
+    if cfg.mode != "targeted":
+        raise Infeasible(f"tp_degree {G} needs mode 'targeted' (the TP engine has no grid mode), not {cfg.mode!r}")
+    if cfg.pipeline_stages:
+        raise Infeasible(f"tp_degree {G} runs without pipeline_stages (the TP engine refuses it)")
+    from kog.engine.config import ConfigError
+    from kog.engine.tp import shard_config
+    from kog.engine.tp_monokernel import check_exchange_rows
+    try:
+        shard = shard_config(model, G)
+    except ConfigError as e:
+        raise Infeasible(f"tp_degree {G}: {e}") from None
+    try:                                      # each rank runs the engine on its shard (bn must divide its rows)
+        check(cfg, shard, sms, max_ctas)
+    except Infeasible as e:
+        raise Infeasible(f"tp_degree {G} (rank shard {shard.name}): {e}") from None
+    if exchange_rows is None:
+        raise Infeasible(f"tp_degree {G} without exchange_rows")
+    try:
+        check_exchange_rows(model, cfg, int(exchange_rows))
+    except ConfigError as e:
+        raise Infeasible(f"tp_degree {G}: {e}") from None
 
 
 def config_from_params(params: dict[str, Any]) -> EngineConfig:

@@ -4,6 +4,9 @@ Location: $KOG_TUNED_DIR/tuned.json, else ~/.cache/kog/tuned.json. The engine an
 `best_config(device_name, model_cfg)`; `kogtune show` lists the entries. Writes are atomic (temp + rename).
 The shape signature covers every field that changes the kernel's work (not the model's name), so a
 checkpoint and the preset of the same architecture share their tuned config.
+Only single-GPU configs are stored (what the engine runs by default): a `kogtune search --tp` whose best
+trial is tensor-parallel stores its best single-GPU trial and records the TP best in the entry's
+source["tp_best"] ({"G", "exchange_rows", "tok_per_s", "number"}), which `kogtune show` prints beside it.
 """
 from __future__ import annotations
 
@@ -117,5 +120,13 @@ def cli_show(args) -> int:
         t.add_row(e.get("device", "?"), f"{e.get('model')} ({e.get('shape')})", e.get("dtype", "?"),
                   e.get("kog_version", "?"), f"{e.get('tok_per_s', 0):.1f}", e.get("source", {}).get("backend", "?"),
                   short)
-    Console(width=200).print(t)
+    con = Console(width=200)
+    con.print(t)
+    for e in es:
+        tb = e.get("source", {}).get("tp_best")
+        if tb:
+            con.print(f"{e.get('model')} on {e.get('device')}: tensor-parallel best G={tb.get('G')} exchange_rows "
+                      f"{tb.get('exchange_rows')} {float(tb.get('tok_per_s', 0)):.1f} tok/s (study "
+                      f"{e.get('source', {}).get('study')}, trial {tb.get('number')}); not stored as the engine "
+                      f"default, which is single-GPU")
     return 0
