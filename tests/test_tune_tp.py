@@ -170,3 +170,30 @@ def test_tp_prediction_against_the_4xh200_measurement():
     slow = dataclasses.replace(scan, p2p_flag_us=5.0)
     assert sim.predict_tp(M, EngineConfig(), 4, 64, slow).breakdown["exchange"] > 3 * a
     assert not sim.predict_tp(preset("sheared-llama-2.7b"), EngineConfig(), 8, 64, scan).feasible
+
+
+def test_tp_gpu_trial_code_path_interpreted():
+    """The real gpu_trial with payload "tp" G=2 (TPMonokernel: two ranks, the in-kernel exchange, the
+    teacher-forced gate against the unsharded reference, timed runs) on the tiny preset through the Triton
+    interpreter on the CPU; precompile_one leaves TP configs to their trial."""
+    from kog.tune.isolation import WarmWorker
+    cfg = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
+                       sync_rows=32, max_spin=200000)
+    payload = {"model": "tiny", "device": "cpu", "dtype": "float16", "prompt_tokens": 3, "gate_tokens": 1,
+               "warmup_tokens": 1, "short_tokens": 1, "tokens": 1, "repeats": 1, "max_seq": 32,
+               "tp": {"G": 2, "exchange_rows": 32}, "config": cfg.to_dict()}
+    with WarmWorker({"TRITON_INTERPRET": "1"}) as w:
+        a = w.run("kog.tune.objective:gpu_trial", payload, 240)
+        assert a.ok and a.data["max_rel_err"] < 1e-2 and len(a.intermediates) == 1, a
+        c = w.run("kog.tune.objective:precompile_one", payload, 60)
+        assert c.ok and c.data["compiled"] == 0 and "tensor-parallel" in c.data["skipped"], c
+    from kog.tune.objective import _build, model_state
+    from kog.tune.worker import CACHE
+    st = model_state(payload, gate=False)
+    try:
+        tp = _build(payload, st)
+        assert type(tp).__name__ == "TPMonokernel" and tp.G == 2 and tp.exchange_rows == 32
+        assert tp.n_eos == 0 and all(r.n_eos == 0 for r in tp.ranks)     # EOS never ends a timed run
+        assert type(_build({**payload, "tp": {"G": 1}}, st)).__name__ == "Monokernel"
+    finally:
+        CACHE.clear()
