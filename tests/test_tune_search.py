@@ -57,24 +57,29 @@ def test_kill_9_then_resume(env):
     runs = env / "runs"
     cmd = [sys.executable, "-m", "kog.tune.cli", "search", "--backend", "sim", "--trials", "400",
            "--runs-dir", str(runs), "--study", "k9", "--sampler", "random"]
-    p = subprocess.Popen(cmd, env={**os.environ}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
     db = runs / "kog-studies.db"
-    deadline = time.time() + 60
-    n_done = 0
-    while time.time() < deadline:
-        time.sleep(0.5)
-        if db.exists():
-            try:
-                st = _study(env, "k9")
-                n_done = sum(t.state.is_finished() for t in st.trials)
-                running = [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
-            except Exception:
-                continue
-            if n_done >= 2 and running:
-                break
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    # kill -9 until one kill lands while a trial is RUNNING (a simulated trial takes milliseconds, so the
+    # one seen running may finish between the look and the kill: that attempt then proves nothing)
+    for _attempt in range(5):
+        p = subprocess.Popen(cmd, env={**os.environ}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        deadline = time.time() + 60
+        start = sum(t.state.is_finished() for t in _study(env, "k9").trials) if db.exists() else 0
+        while time.time() < deadline:
+            time.sleep(0.2)
+            if db.exists():
+                try:
+                    st = _study(env, "k9")
+                    n_done = sum(t.state.is_finished() for t in st.trials)
+                    running = [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
+                except Exception:
+                    continue
+                if n_done >= start + 2 and running:
+                    break
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        if [t for t in _study(env, "k9").trials if t.state == optuna.trial.TrialState.RUNNING]:
+            break
     before = {t.number: (t.state, t.value) for t in _study(env, "k9").trials if t.state.is_finished()}
     assert len(before) >= 2
     a = ["search", "--backend", "sim", "--trials", str(len(before) + 2), "--runs-dir", str(runs),
