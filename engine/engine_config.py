@@ -37,6 +37,8 @@ class EngineConfig:
     row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs
     pipeline_stages: int = 0          # > 1: each CTA runs consecutive same-phase GEMV tasks as one loop Triton
                                       # software-pipelines (num_stages): weight chunks in flight across tasks
+    flat_loop: int = 0                # 1 (with pipeline_stages): one pipelined loop per run of GEMV tasks of
+                                      # ANY phases and layers (kog.engine.flat_plan), unmeasured
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 64              # KV positions per attention step
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
@@ -63,7 +65,7 @@ class EngineConfig:
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
                 self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
-                self.row_prefetch, self.pipeline_stages)
+                self.row_prefetch, self.pipeline_stages, self.flat_loop)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -89,6 +91,13 @@ class EngineConfig:
         if self.pipeline_stages:
             need(self.row_prefetch == 0 and self.prefetch == 0 and self.blocked_prefetch == 0,
                  "pipeline_stages > 0 runs without row_prefetch, prefetch and blocked_prefetch")
+        need(self.flat_loop in (0, 1), f"flat_loop {self.flat_loop} not in 0, 1")
+        if self.flat_loop:
+            need(self.pipeline_stages >= 2, "flat_loop needs pipeline_stages >= 2")
+            need(self.mode == "targeted", "flat_loop runs in targeted mode only (grid barriers would split it)")
+            bns = {self.bn(ph) for ph in PHASES}
+            need(len(bns) == 1, f"flat_loop needs one tile height for every phase (bn_*: {sorted(bns)})")
+            need(self.block_k % 16 == 0, f"flat_loop needs block_k a multiple of 16 (got {self.block_k})")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size

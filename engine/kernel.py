@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import global_time_ns, poll_acquire, sm_id, wait_counters
+from kog.engine.vendor import global_time_ns, poll_acquire, release_counter, sm_id, wait_counters
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -387,6 +387,106 @@ def _gemv_run(ti0, nrun, tasks_ptr, w_ptr, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, 
 
 
 @triton.jit
+def _gemv_segment(ch0, nch, chunks_ptr, tasks_ptr, w_ptr, act_ptr, aoff_ptr, small_ptr, soff_ptr, eps, cnt_ptr,
+                  tgt_ptr, t1, sync_ptr, max_spin, logits_ptr, write_logits, partial_v_ptr, step, pos, seed,
+                  inv_temp, best_v, best_i, pend_idx, pend_n, fail, BN: tl.constexpr, BK: tl.constexpr,
+                  AW: tl.constexpr, HAS_BIAS: tl.constexpr, V: tl.constexpr, GPOW: tl.constexpr,
+                  SAMPLE: tl.constexpr, PIPE: tl.constexpr, VENDOR: tl.constexpr):
+    """A flat segment (kog.engine.flat_plan): consecutive GEMV tasks of any phases and layers as ONE loop over
+    their [BN, BK] chunks, software-pipelined by Triton (num_stages=PIPE), so the weight copies of the next
+    chunks are in flight across task, phase and layer boundaries. Per chunk the table gives the weights, K
+    and k0, the counters to wait on, the input vector and its multiplier. At a task's first chunk: the
+    deferred release of earlier tasks (when this task releases elsewhere; inline asm: a tl.debug_barrier
+    would stop the pipelining), then the wait (wait_counters asm; the release's opaque 0 orders them); x is
+    loaded below the wait (_load_after_wait). At its last chunk: the task's epilogue, as in the per-task
+    branches. Returns the LM's best, the deferred-release state and the first timed-out counter."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    rn = tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BN], dtype=tl.float32)
+    acc2 = tl.zeros([BN], dtype=tl.float32)
+    ss = 0.0
+    for c in tl.range(ch0, ch0 + nch, num_stages=PIPE):
+        e = chunks_ptr + c * 8
+        w0 = tl.load(e)
+        ti = tl.load(e + 1)
+        wbase = tl.load(e + 2).to(tl.int64) * 64
+        kw = tl.load(e + 3)
+        cbw = tl.load(e + 4)
+        ncnt = tl.load(e + 5)
+        xoff = tl.load(e + 6)
+        goff = tl.load(e + 7)
+        typ = w0 & 15
+        fl = w0 >> 4
+        K = (kw & 65535) * 16            # multiples of 16 the compiler can see: 16-byte copies
+        k0 = (kw >> 16) * 16
+        w = tl.load(w_ptr + wbase + (rn * K).to(tl.int64)[:, None] + (k0 + rk)[None, :],
+                    eviction_policy="evict_first")
+        first = (fl & 1) != 0
+        fdep = c * 0
+        if first:
+            rel = tl.load(tasks_ptr + ti * 8 + 6)
+            if rel != pend_idx:
+                fdep = release_counter(cnt_ptr + pend_idx, pend_n, ((pend_n > 0) & (pend_idx >= 0)).to(tl.int32),
+                                       VENDOR)
+                pend_idx = rel
+                pend_n = 0
+        f, dep = wait_counters(cnt_ptr + cbw, tgt_ptr + cbw, ncnt, t1, max_spin, sync_ptr + S_ABORT,
+                               tl.where((fl & 8) != 0, 1, 0) + fdep, VENDOR)
+        fail = tl.maximum(fail, tl.where(f >= 0, cbw + f, -1))      # the counter's index
+        x = _load_after_wait(act_ptr + xoff + dep + k0 + rk, VENDOR)
+        xg = x * tl.load(small_ptr + goff + k0 + rk)
+        if (fl & 16) != 0:
+            ss = tl.where(first, 0.0, ss) + tl.sum(x * x, axis=0)
+        part = tl.sum(w.to(tl.float32) * xg[None, :], axis=1)
+        up = (fl & 4) != 0
+        acc = tl.where(first, 0.0, acc) + tl.where(up, 0.0, part)
+        acc2 = tl.where(first, 0.0, acc2) + tl.where(up, part, 0.0)
+        if (fl & 2) != 0:
+            trow = tasks_ptr + ti * 8
+            layer = tl.load(trow + 1)
+            rows = tl.load(trow + 2) * BN + rn
+            lrow = layer * AW
+            y = acc
+            r = 1.0
+            if (typ == 0) | (typ == 3) | (typ == 5):     # the RMSNorm scale of the input (K > BK path of _gemv)
+                r = 1.0 / tl.sqrt(ss / K + eps)
+                y = acc * r
+            if typ == 0:       # qkv
+                if HAS_BIAS:
+                    y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + dep + rows)
+                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
+                pend_n += 1
+            elif typ == 2:     # o: + residual
+                h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + dep + rows, cache_modifier=".cg")
+                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(y, DT), DT))
+                pend_n += 1
+            elif typ == 3:     # gate_up: silu(gate) * up in the model dtype (HF)
+                gt = _rnd(y, DT)
+                u = _rnd(acc2 * r, DT)
+                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * u, DT))
+                pend_n += 1
+            elif typ == 4:     # down: + residual
+                hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + dep + rows, cache_modifier=".cg")
+                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(y, DT), DT))
+                pend_n += 1
+            else:              # lm: logits -> this tile's best candidate
+                lg = _rnd(y, DT)
+                if write_logits != 0:
+                    tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
+                if SAMPLE == 2:
+                    sc = lg * inv_temp
+                    tl.store(partial_v_ptr + GPOW + rows, sc)
+                else:
+                    sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
+                b, bi = tile_best(sc, rows, rows < V)
+                take = b > best_v
+                best_v = tl.where(take, b, best_v)
+                best_i = tl.where(take, bi, best_i)
+    return best_v, best_i, pend_idx, pend_n, fail
+
+
+@triton.jit
 def _record_timeout(sync_ptr, err_ptr, cnt_ptr, tgt_ptr, idx, task, t1):
     """The first CTA whose wait timed out records [1, counter, task, target, value] and raises abort (a wait
     that ended because another CTA aborted records nothing)."""
@@ -694,6 +794,8 @@ def monokernel(
     # tensor parallelism (kog.engine.tp_monokernel): off by default, and then the kernel is the single-GPU one
     TP: tl.constexpr = False, NR: tl.constexpr = 1, XR: tl.constexpr = 1, VR: tl.constexpr = 0,
     tp_ptr=None,
+    # flat pipelined segments (EngineConfig.flat_loop; kog.engine.flat_plan): off by default
+    FLAT: tl.constexpr = False, chunks_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -753,7 +855,20 @@ def monokernel(
                     r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tn)
                 else:
                     typ, layer, tile, w_off, rel, cb = _task_row(tasks_ptr, ti)
-                if rel != pend_idx:
+                dtyp = typ       # the type the per-task branches below dispatch on
+                rec = 1          # whether this task gets a trace record
+                nrun = 1
+                if PIPE > 0:
+                    # pipelined GEMV runs / flat segments: the first task runs them all (column 3 = how many);
+                    # the others only skip (column 3 = 0). Attention and barriers take the per-task branches.
+                    if (typ != T_ATTN) & (typ <= T_LM):
+                        dtyp = T_NONE
+                        nrun = tl.load(trow + 3)
+                        rec = (nrun > 0).to(tl.int32)
+                do_flush = rel != pend_idx
+                if FLAT:         # a flat segment releases inside its loop (task by task, in order)
+                    do_flush = do_flush & (dtyp != T_NONE)
+                if do_flush:
                     _flush(cnt_ptr, pend_idx, pend_n)
                     pend_idx = rel
                     pend_n = 0
@@ -766,15 +881,17 @@ def monokernel(
                     t_start = tl.zeros([], dtype=tl.int64)
                 waited = tl.zeros([], dtype=tl.int64)
                 lrow = layer * AW
-                dtyp = typ       # the type the per-task branches below dispatch on
-                rec = 1          # whether this task gets a trace record
-                if PIPE > 0:
-                    # pipelined GEMV runs: the run's first task runs all of them (_gemv_run); the others only
-                    # skip (column 3 = 0). Attention and barriers take the per-task branches as before.
-                    if (typ != T_ATTN) & (typ <= T_LM):
-                        dtyp = T_NONE
-                        nrun = tl.load(trow + 3)
-                        rec = (nrun > 0).to(tl.int32)
+                if FLAT:
+                    if (dtyp == T_NONE) & (nrun > 0):
+                        best_v, best_i, pend_idx, pend_n, fail = _gemv_segment(
+                            tl.load(trow + 5), tl.load(trow + 4), chunks_ptr, tasks_ptr, w_ptr, act_ptr, aoff_ptr,
+                            small_ptr, soff_ptr, eps, cnt_ptr, tgt_ptr, t1, sync_ptr, max_spin, logits_ptr,
+                            write_logits, partial_v_ptr, step, pos, seed, inv_temp, best_v, best_i, pend_idx, pend_n,
+                            fail, BN_QKV, BK, AW, HAS_BIAS, V, GPOW, SAMPLE, PIPE, VENDOR)
+                        if fail >= 0:
+                            _record_timeout(sync_ptr, err_ptr, cnt_ptr, tgt_ptr, fail, ti, t1)
+                elif PIPE > 0:
+                    if dtyp == T_NONE:
                         if nrun > 0:
                             best_v, best_i, fail = _pipe_task(typ, layer, ti, nrun, tasks_ptr, w_ptr, small_ptr,
                                                               soff_ptr, act_ptr, aoff_ptr, lrow, rpc_ptr, fnorm_off,

@@ -130,8 +130,16 @@ class Monokernel:
                     so += pad
         self.fnorm_off = so
         small.append(w["norm"].float().cpu().view(-1))
+        so += w["norm"].numel()
+        pad = (-so) % 16
+        small.append(torch.zeros(pad))
+        so += pad
+        # ones: the x multiplier of the flat segments' un-normed phases (o, down), as long as the longest K
+        self.ones_off = so
+        small.append(torch.ones(max(cfg.hidden_size, cfg.q_size, cfg.intermediate_size)))
         self.small = torch.cat(small).to(dev)
         self.soff = torch.tensor(soffs, device=dev)
+        self._soff_np = soffs
         self.embed = w["embed"]
         cos, sin = self.ref.cos.float(), self.ref.sin.float()   # the reference's (model-dtype) table
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
@@ -146,6 +154,7 @@ class Monokernel:
                 o += n
         aoff[L + 1, 0] = o
         self.aoff = torch.tensor(aoff, device=dev)
+        self._aoff_np = aoff
         self.act = torch.zeros(o + H, dtype=torch.float32, device=dev)
         self.gpow = _next_pow2(p.grid)
         self.partial_v = torch.zeros(self.gpow + cfg.vocab_size, dtype=torch.float32, device=dev)
@@ -156,7 +165,9 @@ class Monokernel:
                                 dtype=torch.float32, device=dev)
         i32 = dict(dtype=torch.int32, device=dev)
         self.dummy_base = p.n_counters
+        self._chunks_np = None
         self.tasks = torch.tensor(self._task_table(), **i32)
+        self.chunks = torch.tensor(self._chunks_np, **i32) if self._chunks_np is not None else None
         self.cta_start = torch.tensor(p.cta_start, **i32)
         self.layout = torch.tensor(p.layout, **i32)
         self.rpc = torch.tensor(p.rows_per_counter, **i32)
@@ -217,10 +228,21 @@ class Monokernel:
         out[:, 5] = -(-elems * self.wbuf.element_size() // 128)   # 128-byte lines of the tile (L2 prefetch)
         out[:, 6] = rel
         out[:, 7] = wait
+        if e.pipeline_stages and e.flat_loop:
+            from kog.engine.flat_plan import flat_chunks
+            self._chunks_np, out = flat_chunks(
+                out, p.cta_start, H=H, I=I, QS=Q, L=L, block_k=e.block_k, aoff=self._aoff_np,
+                soff=self._soff_np, fnorm_off=int(self.fnorm_off), ones_off=int(self.ones_off),
+                rows_per_counter=np.asarray(self._rpc_kernel()))
+            return out.astype(np.int32)
         if e.pipeline_stages:
             gemv = (typ != T_ATTN) & (typ != T_BAR)       # barriers keep their number in column 3
             out[:, 3] = np.where(gemv, _run_lengths(out, p.cta_start), out[:, 3])
         return out.astype(np.int32)
+
+    def _rpc_kernel(self) -> list[int]:
+        """The rows-per-counter table exactly as the kernel receives it (rpc_ptr)."""
+        return [int(v) for v in self.plan.rows_per_counter]
 
     # ---- launching ------------------------------------------------------------------------------------
     def _launch(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,
@@ -266,6 +288,7 @@ class Monokernel:
                     SAMPLE=mode, TRACE=bool(trace),
                     VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                     PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
+                    FLAT=bool(e.flat_loop), chunks_ptr=self.chunks,
                     num_warps=e.num_warps)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)

@@ -125,6 +125,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 SAMPLE=mode, TRACE=bool(trace),
                 VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                 PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
+                FLAT=bool(e.flat_loop), chunks_ptr=T(i32) if e.flat_loop else None,
                 num_warps=e.num_warps)
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
@@ -378,7 +379,8 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
         "compile_seconds": round(secs, 2),
         "ptx_lines": ptx.count("\n"),
         "constexprs": {k_: v for k_, v in meta.items() if k_ not in ("num_warps", "maxnreg",
-                                                                   "launch_cooperative_grid")},
+                                                                   "launch_cooperative_grid")
+                       and isinstance(v, (bool, int, float, str, type(None)))},
         "kernel": str(Path(kernel).resolve()) if kernel else "kog.engine.kernel",
         "ptxas": str(ptxas_path()),
         "triton": __import__("triton").__version__,

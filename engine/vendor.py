@@ -127,3 +127,28 @@ def wait_counters(cnt_ptr, tgt_ptr, n, t1, max_spin, abort_ptr, need, VENDOR: tl
                     if v < tgt:
                         f = i
     return f, dep
+
+
+# Publish n finished tiles on a counter from inside a software-pipelined loop: bar.sync 0 (every thread's
+# earlier stores happen-before) and one thread's red.release.gpu.add (cumulative over what the CTA's threads
+# wrote). tl.debug_barrier() would do the same but stops Triton's pipeliner (a gpu.barrier in the loop).
+# $0 = an opaque 0 for the next wait's operands (keeps the release before that wait). $3 = need.
+RELEASE_PTX = tl.constexpr(
+    "{\n.reg .pred %rp;\n.reg .u32 %rt;\nmov.u32 $0, 0;\nsetp.eq.u32 %rp, $3, 0;\n@%rp bra R_END;\nbar.sync 0;\n"
+    "mov.u32 %rt, %tid.x;\nsetp.ne.u32 %rp, %rt, 0;\n@%rp bra R_END;\nred.release.gpu.global.add.s32 [$1], $2;\n"
+    "R_END:\n}")
+
+
+@triton.jit
+def release_counter(ptr, n, need, VENDOR: tl.constexpr):
+    """counter += n with release semantics for the whole CTA's earlier stores, when need != 0 (all threads
+    call it with the same need); returns an opaque 0 (see RELEASE_PTX)."""
+    if VENDOR == 1:
+        z = tl.inline_asm_elementwise(RELEASE_PTX, "=r,l,r,r", [ptr, n, need], dtype=tl.int32, is_pure=False,
+                                      pack=1)
+    else:
+        z = n * 0
+        if need != 0:
+            tl.debug_barrier()
+            tl.atomic_add(ptr, n, sem="release", scope="gpu")
+    return z

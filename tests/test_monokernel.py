@@ -149,3 +149,50 @@ def test_pipelined_run_lengths_and_validation():
         EngineConfig(pipeline_stages=3, block_k=128).validate(TINY)
     with pytest.raises(ConfigError, match="row_prefetch"):
         EngineConfig(pipeline_stages=3, row_prefetch=1).validate(TINY)
+
+
+FLAT = SMALL_TILES.replace(pipeline_stages=3, flat_loop=1, block_k=32, bn_lm=16)
+
+
+def test_flat_segments_match_reference():
+    """flat_loop: runs of GEMV tasks of ANY phases and layers as one chunk loop (release, wait and epilogue per
+    task inside it): same tokens and logits as the reference."""
+    ref, got, err = run_both(TINY, torch.float32, FLAT, [5, 17, 33, 2, 9])
+    assert got == ref and err < 1e-4
+
+
+def test_flat_segments_qwen3_fp16_long_context():
+    cfg = TINY.replace(arch="qwen3", qk_norm=True)
+    ref, got, err = run_both(cfg, torch.float16, FLAT, list(range(3, 43)), n=4)
+    assert got == ref and err < 5e-3
+
+
+def test_flat_chunk_table():
+    from kog.engine.flat_plan import F_FIRST, F_LAST, F_UP, F_WAIT, F_NORMSS
+    from kog.engine.plan import T_ATTN, T_GU
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(TINY, w, FLAT, max_seq=64)
+    t, ch = mk.tasks.numpy(), mk.chunks.numpy()
+    H, I = TINY.hidden_size, TINY.intermediate_size
+    seen = set()
+    for i in range(len(t)):
+        if t[i, 0] == T_ATTN or t[i, 3] == 0:
+            continue
+        n_t, n_c, c0 = int(t[i, 3]), int(t[i, 4]), int(t[i, 5])
+        seg = ch[c0:c0 + n_c]
+        assert set(seg[:, 1]) == set(range(i, i + n_t))          # the segment's tasks, each one
+        seen |= set(range(i, i + n_t))
+        fl = seg[:, 0] >> 4
+        assert ((fl & F_FIRST) != 0).sum() == n_t and ((fl & F_LAST) != 0).sum() == n_t
+        assert fl[0] & F_WAIT                                    # a segment's first task always waits
+        for k in range(i, i + n_t):
+            rows = seg[seg[:, 1] == k]
+            if t[k, 0] == T_GU:                                  # gate / up interleaved, NORMSS on gate only
+                assert len(rows) == 2 * H // 32
+                assert ((rows[:, 0] >> 4) & F_UP).tolist() == [0, F_UP] * (H // 32)
+                assert all(((r >> 4) & F_NORMSS) == (0 if (r >> 4) & F_UP else F_NORMSS) for r in rows[:, 0])
+                assert (rows[1::2, 2] - rows[0::2, 2] == I * H // 64).all()
+    gemv = {i for i in range(len(t)) if t[i, 0] != T_ATTN}
+    assert seen == gemv
+    with pytest.raises(Exception, match="one tile height"):
+        FLAT.replace(bn_lm=64).validate(TINY)

@@ -276,16 +276,27 @@ def fail_dead_local_trials(study) -> int:
     """RUNNING trials started by a process of this host that is gone (Ctrl-C, kill -9): FAIL + re-queue."""
     import optuna
     from optuna.trial import TrialState
+    import datetime as _dt
     host = platform.node()
+    # a trial is RUNNING from study.ask() on, and claimed (user attr 'worker') a moment later: a process killed
+    # in between leaves a trial nobody owns. Older than this, an unclaimed RUNNING trial is taken as dead.
+    grace = float(os.environ.get("KOG_UNCLAIMED_GRACE_S", "10"))
+    now = _dt.datetime.now()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         w = t.user_attrs.get("worker", "")
-        h, _, pid = w.rpartition(":")
-        if h != host or not pid.isdigit() or _pid_alive(int(pid)):
-            continue
+        if not w:
+            age = (now - t.datetime_start).total_seconds() if t.datetime_start else float("inf")
+            if age < grace:
+                continue
+            why = "its search process died between creating and claiming it (unclaimed RUNNING trial)"
+        else:
+            h, _, pid = w.rpartition(":")
+            if h != host or not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            why = f"worker {w} died (interrupted or killed): config re-queued"
         try:
-            study._storage.set_trial_user_attr(t._trial_id, "fail_reason",
-                                               f"worker {w} died (interrupted or killed): config re-queued")
+            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", why)
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except Exception:
             continue   # another process got there first
