@@ -299,6 +299,43 @@ def _load_after_wait(ptrs, VENDOR: tl.constexpr):
 
 
 @triton.jit
+def _task_epilogue(typ, y, y2, rows, act_ptr, out_off, res_off, bias_ptr, dep, logits_ptr, write_logits,
+                   partial_v_ptr, step, pos, seed, inv_temp, best_v, best_i, DT: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, V: tl.constexpr, GPOW: tl.constexpr, SAMPLE: tl.constexpr):
+    """A GEMV task's output, as the monokernel's per-task branches compute it (y: the rows' dot products with
+    the RMSNorm scale applied; y2: gate_up's up rows): qkv (+ bias), o and down (+ residual), gate_up
+    (silu(gate) * up in the model dtype, as HF), lm (logits -> this tile's best candidate). Loads add the
+    caller's wait dependency `dep` (pipelined loops: keeps them below the wait)."""
+    if typ == 0:       # qkv
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + dep + rows)
+        tl.store(act_ptr + out_off + rows, _rnd(y, DT))
+    elif typ == 2:     # o: + residual
+        h = tl.load(act_ptr + res_off + dep + rows, cache_modifier=".cg")
+        tl.store(act_ptr + out_off + rows, _rnd(h + _rnd(y, DT), DT))
+    elif typ == 3:     # gate_up
+        gt = _rnd(y, DT)
+        tl.store(act_ptr + out_off + rows, _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(y2, DT), DT))
+    elif typ == 4:     # down: + residual
+        hm = tl.load(act_ptr + res_off + dep + rows, cache_modifier=".cg")
+        tl.store(act_ptr + out_off + rows, _rnd(hm + _rnd(y, DT), DT))
+    else:              # lm
+        lg = _rnd(y, DT)
+        if write_logits != 0:
+            tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
+        if SAMPLE == 2:
+            sc = lg * inv_temp
+            tl.store(partial_v_ptr + GPOW + rows, sc)
+        else:
+            sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
+        b, bi = tile_best(sc, rows, rows < V)
+        take = b > best_v
+        best_v = tl.where(take, b, best_v)
+        best_i = tl.where(take, bi, best_i)
+    return best_v, best_i
+
+
+@triton.jit
 def _gemv_run(ti0, nrun, tasks_ptr, w_ptr, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cb, ncnt, t1, sync_ptr, max_spin,
               act_ptr, out_off, res_off, bias_ptr, logits_ptr, write_logits, partial_v_ptr, step, pos, seed, inv_temp,
               best_v, best_i, fail, TYPE: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -352,37 +389,12 @@ def _gemv_run(ti0, nrun, tasks_ptr, w_ptr, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, 
             acc2 = tl.where(kc == 0, 0.0, acc2) + tl.sum(wb.to(tl.float32) * xg[None, :], axis=1)
         if kc == NK - 1:
             rows = tile * BN + rn
-            y = acc
+            r = 1.0
             if NORM:
                 r = 1.0 / tl.sqrt(ss / K + eps)
-                y = y * r
-            if TYPE == 0:      # qkv
-                if HAS_BIAS:
-                    y += tl.load(bias_ptr + dep + rows)
-                tl.store(act_ptr + out_off + rows, _rnd(y, DT))
-            elif TYPE == 2:    # o: + residual
-                h = tl.load(act_ptr + res_off + dep + rows, cache_modifier=".cg")
-                tl.store(act_ptr + out_off + rows, _rnd(h + _rnd(y, DT), DT))
-            elif TYPE == 3:    # gate_up: silu(gate) * up in the model dtype (HF)
-                gt = _rnd(y, DT)
-                u = _rnd(acc2 * r, DT)
-                tl.store(act_ptr + out_off + rows, _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * u, DT))
-            elif TYPE == 4:    # down: + residual
-                hm = tl.load(act_ptr + res_off + dep + rows, cache_modifier=".cg")
-                tl.store(act_ptr + out_off + rows, _rnd(hm + _rnd(y, DT), DT))
-            else:              # lm: logits -> this tile's best candidate
-                lg = _rnd(y, DT)
-                if write_logits != 0:
-                    tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
-                if SAMPLE == 2:
-                    sc = lg * inv_temp
-                    tl.store(partial_v_ptr + GPOW + rows, sc)
-                else:
-                    sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
-                b, bi = tile_best(sc, rows, rows < V)
-                take = b > best_v
-                best_v = tl.where(take, b, best_v)
-                best_i = tl.where(take, bi, best_i)
+            best_v, best_i = _task_epilogue(TYPE, acc * r, acc2 * r, rows, act_ptr, out_off, res_off, bias_ptr, dep,
+                                            logits_ptr, write_logits, partial_v_ptr, step, pos, seed, inv_temp,
+                                            best_v, best_i, DT, HAS_BIAS, V, GPOW, SAMPLE)
     return best_v, best_i, fail
 
 
@@ -445,44 +457,21 @@ def _gemv_segment(ch0, nch, chunks_ptr, tasks_ptr, w_ptr, act_ptr, aoff_ptr, sma
         if (fl & 2) != 0:
             trow = tasks_ptr + ti * 8
             layer = tl.load(trow + 1)
-            rows = tl.load(trow + 2) * BN + rn
             lrow = layer * AW
-            y = acc
             r = 1.0
             if (typ == 0) | (typ == 3) | (typ == 5):     # the RMSNorm scale of the input (K > BK path of _gemv)
                 r = 1.0 / tl.sqrt(ss / K + eps)
-                y = acc * r
-            if typ == 0:       # qkv
-                if HAS_BIAS:
-                    y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + dep + rows)
-                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
+            # output / residual offsets: qkv -> qkv buffer; o: h -> hmid; gate_up -> act; down: hmid -> next h
+            ocol = tl.where(typ == 0, 1, tl.where(typ == 2, 3, tl.where(typ == 3, 4, 5)))
+            rcol = tl.where(typ == 2, 0, 3)
+            best_v, best_i = _task_epilogue(typ, acc * r, acc2 * r, tl.load(trow + 2) * BN + rn, act_ptr,
+                                            tl.load(aoff_ptr + lrow + ocol), tl.load(aoff_ptr + lrow + rcol),
+                                            small_ptr + tl.load(soff_ptr + layer * 8, mask=typ == 0, other=0),
+                                            dep, logits_ptr,
+                                            write_logits, partial_v_ptr, step, pos, seed, inv_temp, best_v, best_i,
+                                            DT, HAS_BIAS, V, GPOW, SAMPLE)
+            if typ != 5:
                 pend_n += 1
-            elif typ == 2:     # o: + residual
-                h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + dep + rows, cache_modifier=".cg")
-                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(y, DT), DT))
-                pend_n += 1
-            elif typ == 3:     # gate_up: silu(gate) * up in the model dtype (HF)
-                gt = _rnd(y, DT)
-                u = _rnd(acc2 * r, DT)
-                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * u, DT))
-                pend_n += 1
-            elif typ == 4:     # down: + residual
-                hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + dep + rows, cache_modifier=".cg")
-                tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(y, DT), DT))
-                pend_n += 1
-            else:              # lm: logits -> this tile's best candidate
-                lg = _rnd(y, DT)
-                if write_logits != 0:
-                    tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
-                if SAMPLE == 2:
-                    sc = lg * inv_temp
-                    tl.store(partial_v_ptr + GPOW + rows, sc)
-                else:
-                    sc = gumbel_scores(lg, rows, pos, seed, inv_temp, V, SAMPLE)
-                b, bi = tile_best(sc, rows, rows < V)
-                take = b > best_v
-                best_v = tl.where(take, b, best_v)
-                best_i = tl.where(take, bi, best_i)
     return best_v, best_i, pend_idx, pend_n, fail
 
 

@@ -288,8 +288,9 @@ class Monokernel:
                     SAMPLE=mode, TRACE=bool(trace),
                     VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                     PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
-                    FLAT=bool(e.flat_loop), chunks_ptr=self.chunks,
                     num_warps=e.num_warps)
+        if e.flat_loop:      # only then: the kernel's other callers (and older kernel files) never see them
+            meta.update(FLAT=True, chunks_ptr=self.chunks)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)

@@ -125,8 +125,9 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 SAMPLE=mode, TRACE=bool(trace),
                 VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                 PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
-                FLAT=bool(e.flat_loop), chunks_ptr=T(i32) if e.flat_loop else None,
                 num_warps=e.num_warps)
+    if e.flat_loop:
+        meta.update(FLAT=True, chunks_ptr=T(i32))
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
     if vendor != 0:
