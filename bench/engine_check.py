@@ -15,6 +15,7 @@ import traceback
 
 import torch
 
+from kog.engine.bench import first_divergence, max_rel_err as rel_err
 from kog.engine.config import PRESETS
 from kog.engine.engine_config import EngineConfig
 from kog.engine.monokernel import Monokernel
@@ -41,10 +42,6 @@ def section(name):
         print(name, json.dumps(R[name], default=str)[:1500], flush=True)
         save()
     return deco
-
-
-def rel_err(a, b):
-    return float(((a.float() - b.float()).abs().max(dim=-1).values / b.float().abs().max(dim=-1).values).max())
 
 
 def check(cfg, ecfg, n=8, prompt=None):
@@ -141,27 +138,17 @@ def teacher_check(ecfg, n=32):
     mk.n_eos = 0
     ml = mk.teacher_forced_logits(prompt, REF32["tokens"])
     toks, _ = mk.generate(prompt, n)
-    first = next((i for i, (a, b) in enumerate(zip(toks, REF32["tokens"])) if a != b), None)
-    return {"rel_err": rel_err(ml, REF32["logits"]), "first_divergence": first}
+    return {"rel_err": rel_err(ml, REF32["logits"]), "first_divergence": first_divergence(toks, REF32["tokens"]),
+            "compile_s": mk.compile_seconds}
 
 
 @section("llama1b_correct")
 def _():
     if "--sweep-only" in sys.argv:
         return {}
-    cfg, w = llama_1b()
     out = {}
-    prompt = list(range(100, 164))
-    ref = Reference(cfg, w, 640)
-    rt = ref.greedy(prompt, 32)
-    rl = Reference(cfg, w, 640).teacher_forced_logits(prompt, rt)
     for mode in ("targeted", "grid"):
-        mk = Monokernel(cfg, w, EngineConfig(mode=mode), max_seq=640)
-        mk.n_eos = 0
-        ml = mk.teacher_forced_logits(prompt, rt)
-        toks, _ = mk.generate(prompt, 32)
-        first = next((i for i, (a, b) in enumerate(zip(toks, rt)) if a != b), None)
-        out[mode] = {"rel_err": rel_err(ml, rl), "first_divergence": first, "compile_s": mk.compile_seconds}
+        out[mode] = teacher_check(EngineConfig(mode=mode))
     return out
 
 

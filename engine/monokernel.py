@@ -233,16 +233,12 @@ class Monokernel:
             self._chunks_np, out = flat_chunks(
                 out, p.cta_start, H=H, I=I, QS=Q, L=L, block_k=e.block_k, aoff=self._aoff_np,
                 soff=self._soff_np, fnorm_off=int(self.fnorm_off), ones_off=int(self.ones_off),
-                rows_per_counter=np.asarray(self._rpc_kernel()))
+                rows_per_counter=p.rows_per_counter)
             return out.astype(np.int32)
         if e.pipeline_stages:
             gemv = (typ != T_ATTN) & (typ != T_BAR)       # barriers keep their number in column 3
             out[:, 3] = np.where(gemv, _run_lengths(out, p.cta_start), out[:, 3])
         return out.astype(np.int32)
-
-    def _rpc_kernel(self) -> list[int]:
-        """The rows-per-counter table exactly as the kernel receives it (rpc_ptr)."""
-        return [int(v) for v in self.plan.rows_per_counter]
 
     # ---- launching ------------------------------------------------------------------------------------
     def _launch(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,

@@ -120,6 +120,32 @@ def _exit_reason(rc: int, err) -> tuple[str, str]:
     return status, reason
 
 
+_HANG, _EOF = object(), object()
+
+
+def _messages(lines: "queue.Queue[str | None]", deadline: float):
+    """The child's JSON messages as they arrive on `lines` (a reader thread's queue; None = its output
+    closed), then _EOF when the output closes, or _HANG once `deadline` (time.monotonic) has passed. Lines
+    that are not JSON are a library's stray output: not ours, skipped."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            yield _HANG
+            return
+        try:
+            ln = lines.get(timeout=min(left, 0.5))
+        except queue.Empty:
+            continue
+        if ln is None:
+            yield _EOF
+            return
+        try:
+            msg = json.loads(ln)
+        except ValueError:
+            continue
+        yield msg
+
+
 def run_isolated(target: str, payload: dict[str, Any], timeout: float,
                  on_intermediate: Callable[[int, float], bool] | None = None,
                  env: dict[str, str] | None = None) -> Outcome:
@@ -139,23 +165,14 @@ def run_isolated(target: str, payload: dict[str, Any], timeout: float,
     deadline = t0 + timeout
     eof = False
     try:
-        while not eof:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        for msg in _messages(lines, deadline):
+            if msg is _HANG:
                 _kill_group(proc)
                 out.status, out.reason = "hang", f"hang: no result after {timeout:g} s (process group killed)"
                 break
-            try:
-                ln = lines.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                continue
-            if ln is None:
+            if msg is _EOF:
                 eof = True
                 break
-            try:
-                msg = json.loads(ln)
-            except ValueError:
-                continue   # stray output of a library: not ours
             ev = msg.get("event")
             if ev == "intermediate":
                 step, val = int(msg["step"]), float(msg["value"])
@@ -285,22 +302,13 @@ class WarmWorker:
         self._send({"target": target, "payload": payload})
         deadline = t0 + timeout
         keep = False
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        for msg in _messages(lines, deadline):
+            if msg is _HANG:
                 out.status, out.reason = "hang", f"hang: no result after {timeout:g} s (process group killed)"
                 break
-            try:
-                ln = lines.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                continue
-            if ln is None:                                   # the worker died mid-trial
+            if msg is _EOF:                                  # the worker died mid-trial
                 out.status, out.reason = self._death_reason(deadline)
                 break
-            try:
-                msg = json.loads(ln)
-            except ValueError:
-                continue
             ev = msg.get("event")
             if ev == "intermediate":
                 step, val = int(msg["step"]), float(msg["value"])
