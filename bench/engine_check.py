@@ -134,12 +134,22 @@ def teacher_check(ecfg, n=32):
     if not REF32:
         REF32["tokens"] = Reference(cfg, w, 640).greedy(prompt, n)
         REF32["logits"] = Reference(cfg, w, 640).teacher_forced_logits(prompt, REF32["tokens"])
+    if "--ref-fp32" in sys.argv and "fp32_logits" not in REF32:
+        # the same bf16 weights, upcast: the reference's math without its per-op bf16 rounding
+        from kog.engine.weights import Weights
+        w32 = Weights({k: v.float() for k, v in w.items()})
+        REF32["fp32_logits"] = Reference(cfg, w32, 640).teacher_forced_logits(prompt, REF32["tokens"])
+        REF32["ref_bf16_vs_fp32"] = rel_err(REF32["logits"], REF32["fp32_logits"])
+        del w32
     mk = Monokernel(cfg, w, ecfg, max_seq=640)
     mk.n_eos = 0
     ml = mk.teacher_forced_logits(prompt, REF32["tokens"])
     toks, _ = mk.generate(prompt, n)
-    return {"rel_err": rel_err(ml, REF32["logits"]), "first_divergence": first_divergence(toks, REF32["tokens"]),
-            "compile_s": mk.compile_seconds}
+    res = {"rel_err": rel_err(ml, REF32["logits"]), "first_divergence": first_divergence(toks, REF32["tokens"]),
+           "compile_s": mk.compile_seconds}
+    if "fp32_logits" in REF32:
+        res.update(rel_err_vs_fp32_ref=rel_err(ml, REF32["fp32_logits"]), ref_bf16_vs_fp32=REF32["ref_bf16_vs_fp32"])
+    return res
 
 
 @section("llama1b_correct")
