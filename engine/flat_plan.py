@@ -83,5 +83,7 @@ def flat_chunks(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int, QS:
             t[i + 1:j, 3] = 0
             i = j
     chunks = np.array(rows, dtype=np.int64).reshape(-1, 8)
+    # the kernel loads x and its multiplier as 16-byte vectors from these offsets (element multiples of 16)
+    assert (chunks[:, 6] % 16 == 0).all() and (chunks[:, 7] % 16 == 0).all(), "x offsets must be multiples of 16"
     assert (chunks >= 0).all() and (chunks < 2 ** 31).all(), "chunk table entries must fit int32"
     return chunks.astype(np.int32), t.astype(np.int32)

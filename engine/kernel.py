@@ -446,11 +446,18 @@ def _gemv_segment(ch0, nch, chunks_ptr, tasks_ptr, w_ptr, act_ptr, aoff_ptr, sma
         f, dep = wait_counters(cnt_ptr + cbw, tgt_ptr + cbw, ncnt, t1, max_spin, sync_ptr + S_ABORT,
                                tl.where((fl & 8) != 0, 1, 0) + fdep, VENDOR)
         fail = tl.maximum(fail, tl.where(f >= 0, cbw + f, -1))      # the counter's index
-        x = _load_after_wait(act_ptr + xoff + dep + k0 + rk, VENDOR)
-        xg = x * tl.load(small_ptr + goff + k0 + rk)
+        # x as ONE [1, BK] load in the weight tile's layout: a 1-D x feeding both the sum of squares and the
+        # broadcast got loaded once per layout (3 scalar loads per element). Its address carries the wait's
+        # opaque 0, so the pipeliner leaves it below the wait (a plain, vectorized, L1-cached ld.global; the
+        # spin's ld.acquire orders it after the producers' release).
+        x = tl.zeros([1, BK], dtype=tl.float32)
+        if dep == 0:      # always: a load inside an scf.if is no pipelining candidate
+            # offsets the compiler sees as multiples of 16 elements (flat_chunks asserts xoff's): 16-byte loads
+            x = tl.load((act_ptr + (xoff // 16) * 16 + dep * 16 + k0 + rk)[None, :])
+        xg = x * tl.load((small_ptr + goff + k0 + rk)[None, :])
         if (fl & 16) != 0:
-            ss = tl.where(first, 0.0, ss) + tl.sum(x * x, axis=0)
-        part = tl.sum(w.to(tl.float32) * xg[None, :], axis=1)
+            ss = tl.where(first, 0.0, ss) + tl.sum(tl.sum(x * x, axis=1), axis=0)
+        part = tl.sum(w.to(tl.float32) * xg, axis=1)
         up = (fl & 4) != 0
         acc = tl.where(first, 0.0, acc) + tl.where(up, 0.0, part)
         acc2 = tl.where(first, 0.0, acc2) + tl.where(up, part, 0.0)
