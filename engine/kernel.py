@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import global_time_ns, poll_acquire, poll_relaxed, release_counter, sm_id, wait_counters
+from kog.engine.vendor import global_time_ns, poll_acquire, release_counter, sm_id, wait_counters
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -59,22 +59,18 @@ def _spin_until(ptr, target, sync_ptr, err_ptr, max_spin, what, task, VENDOR: tl
                 SYS: tl.constexpr = False):
     """Wait (bounded) until *ptr >= target with acquire semantics. On timeout: record and abort everyone.
 
-    The first poll is an acquire load (vendor.poll_acquire; SYS for words peer GPUs bump); repeats are
-    relaxed (vendor.poll_relaxed: an acquire poll invalidates the SM's whole L1 on NVIDIA) and, once one
-    sees the target, one acquire re-read synchronizes with the producers' release increments, so the data
-    they published (and no stale L1 copy of it) is what this CTA reads next."""
+    Every poll is an acquire load (vendor.poll_acquire; SYS for words peer GPUs bump): the one that sees
+    the target synchronizes with the producers' release increments, so the data they published (and no
+    stale L1 copy of it) is what this CTA reads next."""
     if target > 0:
         v = poll_acquire(ptr, VENDOR, SYS)
         n = 0
         ab = 0
         while (v < target) & (n < max_spin) & (ab == 0):
-            v = poll_relaxed(ptr, VENDOR, SYS)
+            v = poll_acquire(ptr, VENDOR, SYS)
             n += 1
             if n % 64 == 0:
                 ab = tl.load(sync_ptr + S_ABORT, volatile=True)
-        if n > 0:
-            if v >= target:
-                v = poll_acquire(ptr, VENDOR, SYS)
         if v < target:
             if ab == 0:
                 if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:

@@ -75,30 +75,10 @@ def poll_acquire(ptr, VENDOR: tl.constexpr, SYS: tl.constexpr):
     return v
 
 
-@triton.jit
-def poll_relaxed(ptr, VENDOR: tl.constexpr, SYS: tl.constexpr):
-    """One poll of a readiness word WITHOUT acquire: for the repeats of a spin whose exit re-reads the word
-    with poll_acquire. On NVIDIA every ld.acquire.gpu is followed by CCTL.IVALL, which invalidates the
-    whole L1 of the SM, so a spin of acquire polls kept flushing the co-resident CTA's cached x, task rows
-    and tables (Nsight Compute: millions of CCTL.IVALL per launch). ld.relaxed is a plain L2 read."""
-    if VENDOR == 1:
-        if SYS:
-            v = tl.inline_asm_elementwise("ld.relaxed.sys.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-        else:
-            v = tl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                          is_pure=False, pack=1)
-    else:
-        v = poll_acquire(ptr, VENDOR, SYS)
-    return v
-
-
 # Wait (bounded) until counters[0..n) each reach target[i] * t1, as ONE instruction stream with no loop
 # structure visible to Triton: a spin written as a Python loop would stop the software pipeliner from
-# pipelining the loop around it (kog.engine.kernel._gemv_run). Each thread's first poll is ld.acquire.gpu;
-# repeats are ld.relaxed (see poll_relaxed: an acquire poll invalidates the SM's L1) and the relaxed poll
-# that sees the target is followed by one ld.acquire re-read, so each thread's later loads see what the
-# producers released (the re-read returns at least that value: it reads from the same release sequence). Every 64th poll reads the abort word (another CTA
+# pipelining the loop around it (kog.engine.kernel._gemv_run). Each thread polls with ld.acquire.gpu, so each
+# thread's later loads see what the producers released. Every 64th poll reads the abort word (another CTA
 # timed out: stop at once). $0 = index of the counter that timed out (-1: all ready, or need == 0),
 # $1 = an opaque 0 that the consumer adds to its input's address: that data dependency keeps the input loads
 # below the wait (the pipeliner's scheduler may otherwise reorder them above it, even volatile ones).
@@ -109,13 +89,11 @@ WAIT_COUNTERS_PTX = tl.constexpr(
     "mov.u64 %wc, $2;\nmov.u64 %wg, $3;\nmov.u32 %wi, 0;\n"
     "W_NEXT:\nsetp.ge.u32 %wp, %wi, $4;\n@%wp bra W_END;\n"
     "ld.global.b32 %wt, [%wg];\nmul.lo.u32 %wt, %wt, $5;\nmov.u32 %wn, 0;\n"
-    "ld.acquire.gpu.global.b32 %wv, [%wc];\nsetp.ge.s32 %wp, %wv, %wt;\n@%wp bra W_READY;\n"
-    "W_POLL:\nld.relaxed.gpu.global.b32 %wv, [%wc];\nsetp.ge.s32 %wp, %wv, %wt;\n@%wp bra W_SEEN;\n"
+    "W_POLL:\nld.acquire.gpu.global.b32 %wv, [%wc];\nsetp.ge.s32 %wp, %wv, %wt;\n@%wp bra W_READY;\n"
     "add.u32 %wn, %wn, 1;\nand.b32 %wa, %wn, 63;\nsetp.ne.u32 %wp, %wa, 0;\n@%wp bra W_POLL;\n"
     "ld.volatile.global.b32 %wa, [$7];\nsetp.ne.u32 %wp, %wa, 0;\n@%wp bra W_FAIL;\n"
     "setp.lt.u32 %wp, %wn, $6;\n@%wp bra W_POLL;\n"
     "W_FAIL:\nmov.u32 $0, %wi;\nbra W_END;\n"
-    "W_SEEN:\nld.acquire.gpu.global.b32 %wv, [%wc];\n"
     "W_READY:\nadd.u32 %wi, %wi, 1;\nadd.u64 %wc, %wc, 4;\nadd.u64 %wg, %wg, 4;\nbra W_NEXT;\n"
     "W_END:\n}")
 
