@@ -16,6 +16,9 @@ kog.engine.monokernel when it imports, and show as 'error: not built' when it do
 
 Correctness gate: max_rel_err = max over teacher-forced steps j of max_v |a[j,v] - b[j,v]| / max_v |b[j,v]|,
 b the Reference's logits (eager, same weights) for the Reference's own greedy tokens.
+Beside it, for scale: max_rel_err_fp32_ref, the same measure against the Reference run in float32 over the
+same (model-dtype) weights, and the top-level reference_max_rel_err_vs_fp32: the model-dtype Reference's own
+error against that float32 run, i.e. how far two correct implementations of the model's rounding drift.
 """
 from __future__ import annotations
 
@@ -153,6 +156,21 @@ def reference_greedy(cfg, weights, prompt: list[int], n: int):
     return toks, out
 
 
+def reference_fp32_logits(cfg, weights, prompt: list[int], forced: list[int]):
+    """Teacher-forced logits [n, V] of the Reference in float32 over the same weights upcast (no per-op
+    model-dtype rounding): the yardstick for how far any model-dtype implementation drifts."""
+    import torch
+    from kog.engine.reference import Reference
+    from kog.engine.weights import Weights
+    w32 = Weights({k: v.float() for k, v in weights.items()})
+    if weights.tied:
+        w32["lm_head"] = w32["embed"]
+    with torch.no_grad():
+        out = Reference(cfg, w32, len(prompt) + len(forced)).teacher_forced_logits(prompt, forced).float()
+    del w32
+    return out
+
+
 def _jsonable(v) -> bool:
     try:
         json.dumps(v)
@@ -183,7 +201,7 @@ def sample_timeline(df, max_rows: int | None = None):
 
 def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: list[int], n: int, repeats: int,
                  ref_tokens: list[int] | None, ref_logits, advance: Callable[[], None] = lambda: None,
-                 traces: dict | None = None) -> dict:
+                 traces: dict | None = None, ref32_logits=None) -> dict:
     """Build, warm up, then time `repeats` runs of one system; correctness against the reference.
     With `traces`, the instrumented run's trace table (sysobj.trace_table after breakdown(), sampled by
     sample_timeline) goes into traces[name]."""
@@ -216,6 +234,8 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
             try:
                 lg = sysobj.teacher_forced_logits(prompt, ref_tokens[:n_sys])
                 rec["max_rel_err"] = max_rel_err(lg, ref_logits[:n_sys])
+                if ref32_logits is not None:
+                    rec["max_rel_err_fp32_ref"] = max_rel_err(lg, ref32_logits[:n_sys])
             except Exception as e:
                 rec["max_rel_err"] = None
                 rec["max_rel_err_error"] = f"{type(e).__name__}: {e}"[:500]
@@ -300,6 +320,10 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
         bar.advance(task)
         bar.update(task, description="reference tokens + logits")
         ref_tokens, ref_logits = reference_greedy(cfg, w, prompt, tokens)
+        ref32_logits, ref_vs_fp32 = None, None
+        if w.dtype != torch.float32:
+            ref32_logits = reference_fp32_logits(cfg, w, prompt, ref_tokens)
+            ref_vs_fp32 = max_rel_err(ref_logits, ref32_logits)
         bar.advance(task)
         wbpt = cfg.weight_bytes_per_token()
         results: dict[str, dict] = {}
@@ -308,7 +332,8 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             bar.update(task, description=name)
             done0 = bar.tasks[0].completed
             rec = bench_system(name, known[name], cfg, w, device, prompt, tokens, repeats, ref_tokens,
-                               ref_logits, advance=lambda: bar.advance(task), traces=traces)
+                               ref_logits, advance=lambda: bar.advance(task), traces=traces,
+                               ref32_logits=ref32_logits)
             bar.update(task, completed=done0 + repeats + 1)
             if rec.get("error"):
                 run.note_error(name, rec["error"])
@@ -327,6 +352,7 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             "copy_GBps": copy,
             "weight_bytes_per_token": wbpt,
             "limit_tok_per_s": copy * 1e9 / wbpt,
+            "reference_max_rel_err_vs_fp32": ref_vs_fp32,
             "systems": results,
         }
         rows = [{"system": k, "tok_per_s": v.get("tok_per_s"), "max_rel_err": v.get("max_rel_err"),

@@ -15,6 +15,7 @@ from typing import Any
 from kog.engine.config import ConfigError, ModelConfig
 
 SYNC_MODES = ("targeted", "grid")
+MAX_ATTN_SPLITS = 64
 MAPPINGS = ("round-robin", "contiguous", "topology")
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
 
@@ -31,7 +32,7 @@ class EngineConfig:
     bn_gate_up: int = 8
     bn_down: int = 8
     bn_lm: int = 8
-    sync_rows: int = 8192                # producer rows that share one readiness counter (0 = one per block_k)
+    sync_rows: int = 4096             # producer rows that share one readiness counter (0 = one per block_k)
     prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off)
     blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
     row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs
@@ -40,7 +41,7 @@ class EngineConfig:
     flat_loop: int = 0                # 1 (with pipeline_stages): one pipelined loop per run of GEMV tasks of
                                       # ANY phases and layers (kog.engine.flat_plan), unmeasured
     mapping: str = "round-robin"      # task -> CTA strategy
-    attn_block: int = 64              # KV positions per attention step
+    attn_block: int = 32              # KV positions per attention split (widened for long caches: attn_layout)
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
 
     def replace(self, **kw: Any) -> "EngineConfig":
@@ -59,6 +60,15 @@ class EngineConfig:
 
     def bn(self, phase: str) -> int:
         return getattr(self, "bn_" + phase)
+
+    def attn_layout(self, span: int) -> tuple["EngineConfig", int]:
+        """(config, attention splits) for a cache of `span` positions: each split covers attn_block positions,
+        and at most MAX_ATTN_SPLITS of them (the merge holds every split's partials in registers), so a longer
+        cache doubles attn_block until they fit."""
+        blk = self.attn_block
+        while -(-span // blk) > MAX_ATTN_SPLITS:
+            blk *= 2
+        return (self if blk == self.attn_block else self.replace(attn_block=blk)), -(-span // blk)
 
     def compile_key(self) -> tuple:
         """Fields that are constexpr in the kernel. Configs with equal keys share one compiled kernel only if they

@@ -78,10 +78,7 @@ class Monokernel:
         self.max_seq = self.ref.max_seq
         # attention splits: each covers attn_block positions, together the whole cache (or the sliding window)
         span = min(self.max_seq, getattr(cfg, "sliding_window", None) or self.max_seq)
-        self.attn_splits = -(-span // self.ecfg.attn_block)
-        if self.attn_splits > 64:
-            raise ConfigError(f"max_seq {self.max_seq} needs {self.attn_splits} attention splits of "
-                              f"{self.ecfg.attn_block} positions (at most 64): raise attn_block")
+        self.ecfg, self.attn_splits = self.ecfg.attn_layout(span)
         self.plan: Plan = make_plan(cfg, self.ecfg, sms, sm_partition, self.attn_splits)
         self.trace_tokens = trace_tokens
         self._pack(weights)

@@ -85,10 +85,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     if max_seq is None:
         max_seq = max(prompt_len + tokens + 1, 64)      # KogSystem._engine
     span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
-    attn_splits = -(-span // e.attn_block)
-    if attn_splits > 64:
-        raise ConfigError(f"max_seq {max_seq} needs {attn_splits} attention splits of {e.attn_block} "
-                          f"positions (at most 64): raise attn_block")
+    e, attn_splits = e.attn_layout(span)
     p = make_plan(cfg, e, sms, None, attn_splits)
     gpow = _next_pow2(p.grid)
     g = cfg.num_heads // cfg.num_kv_heads

@@ -273,8 +273,8 @@ _SOURCES = [
      True),
     ("bench/h200/llama-3.2-1b.json", "dd110d4", "1abbc77",
      "attention split, bn_gate_up 8", _NEW_DEFAULTS, True, 512, True),
-    ("bench/h200/llama-3.2-1b.json", None, "598343f",
-     "acquire polls, weight tiles loaded evict_first (current defaults)", _NEW_DEFAULTS, True, 512, True),
+    ("bench/h200/llama-3.2-1b.json", "1e57fc0", "598343f",
+     "acquire polls, weight tiles loaded evict_first", _NEW_DEFAULTS, True, 512, True),
 ]
 _CFG_FIELDS = tuple(_OLD_DEFAULTS)
 _PHASES_BD = ("qkv", "attn", "o", "gate_up", "down", "lm")
