@@ -51,7 +51,7 @@ S_BAR: tl.constexpr = tl.constexpr(3)       # grid-barrier arrivals (monotonic)
 S_STOP: tl.constexpr = tl.constexpr(4)      # EOS seen
 S_NTOK: tl.constexpr = tl.constexpr(5)      # tokens produced
 S_SLOT: tl.constexpr = tl.constexpr(16)     # start-up rendezvous of the topology mapping
-S_ARR: tl.constexpr = tl.constexpr(1024)    # per-KV-head arrivals of attention splits (monotonic)
+S_ARR: tl.constexpr = tl.constexpr(1024)    # arrivals of attention splits per (layer, KV head) (monotonic)
 
 
 @triton.jit
@@ -941,8 +941,12 @@ def monokernel(
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
                                     attn_S, HD, G, GP, QS, KVS, BT, QK_NORM)
                     tl.debug_barrier()
-                    old = tl.atomic_add(sync_ptr + S_ARR + g, 1, sem="acq_rel", scope="gpu")
-                    if old == (step * L + layer + 1) * attn_S - 1:
+                    # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
+                    # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
+                    # this head have all arrived; on a counter shared by the layers that early arrival made
+                    # the previous layer's real last split miss its turn (no merge, no release: deadlock)
+                    old = tl.atomic_add(sync_ptr + S_ARR + layer * NKV + g, 1, sem="acq_rel", scope="gpu")
+                    if old == (step + 1) * attn_S - 1:
                         n_act = tl.minimum((pos - p_lo) // BT + 1, attn_S)
                         _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
                                       GH, SP, DT)

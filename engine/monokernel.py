@@ -172,7 +172,8 @@ class Monokernel:
         n_dummy = max(cfg.qkv_size, cfg.intermediate_size, cfg.hidden_size) // int(p.rows_per_counter.min()) + 2
         self.target = torch.tensor(np.concatenate([p.target, np.zeros(n_dummy, np.int32)]), **i32)
         self.cnt = torch.zeros(p.n_counters + n_dummy, **i32)
-        self.sync = torch.zeros(64 + (1 << 12), **i32)
+        # sync words: the kernel's S_* slots below 1024, then one attention arrival counter per (layer, KV head)
+        self.sync = torch.zeros(max(64 + (1 << 12), 1024 + cfg.num_layers * cfg.num_kv_heads), **i32)
         self.err = torch.zeros(8, **i32)
         self.smid_tab = torch.zeros(self.gpow, **i32)
         eos = list(cfg.eos_token_id)[:8]

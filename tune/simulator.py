@@ -257,6 +257,7 @@ _OLD_DEFAULTS = dict(mode="targeted", ctas_per_sm=4, num_warps=4, block_k=2048, 
 _SPLIT_DEFAULTS = dict(_OLD_DEFAULTS, ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_down=8, bn_lm=8, sync_rows=8192,
                        prefetch=0)
 _NEW_DEFAULTS = dict(_SPLIT_DEFAULTS, bn_gate_up=8)
+_SYNC4K_DEFAULTS = dict(_NEW_DEFAULTS, sync_rows=4096, attn_block=32)
 _SOURCES = [
     # (file, git revision of the file (None = working tree), engine commit, version note, defaults,
     #  attention split, new tokens per run, breakdown 'other' valid)
@@ -275,6 +276,10 @@ _SOURCES = [
      "attention split, bn_gate_up 8", _NEW_DEFAULTS, True, 512, True),
     ("bench/h200/llama-3.2-1b.json", "1e57fc0", "598343f",
      "acquire polls, weight tiles loaded evict_first", _NEW_DEFAULTS, True, 512, True),
+    ("bench/h200/llama-3.2-1b.json", None, "099da93",
+     "sync_rows 4096, attn_block 32 (current defaults)", _SYNC4K_DEFAULTS, True, 512, True),
+    ("bench/h200/engine_check_attn_sync_2026-11-29.json", None, "2df6831",
+     "attention block / wait granularity sweep", _NEW_DEFAULTS, True, 256, True),
 ]
 _CFG_FIELDS = tuple(_OLD_DEFAULTS)
 _PHASES_BD = ("qkv", "attn", "o", "gate_up", "down", "lm")
