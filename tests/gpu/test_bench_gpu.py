@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 KEYS = {"device", "date", "git_commit", "versions", "model", "dtype", "prompt_tokens", "new_tokens", "copy_GBps",
-        "weight_bytes_per_token", "limit_tok_per_s", "systems"}
+        "weight_bytes_per_token", "limit_tok_per_s", "reference_max_rel_err_vs_fp32", "systems"}
 
 
 def _env():
@@ -33,8 +33,9 @@ def _bench(tmp_path, model, systems, tokens, prompt_tokens=8, repeats=2):
                         "--json", str(out), "--runs-dir", str(tmp_path / "runs")],
                        capture_output=True, text=True, env=_env(), timeout=480)
     assert p.returncode == 0, p.stderr[-3000:]
-    run_dir = p.stdout.strip().splitlines()[-1]          # the run path is printed last
+    *_, run_dir, report = p.stdout.strip().splitlines()  # the run path, then (last) its report
     assert os.path.isdir(run_dir)
+    assert report.endswith("report.html") and os.path.isfile(report)
     return json.loads(out.read_text()), run_dir
 
 
