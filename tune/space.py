@@ -29,7 +29,7 @@ BN_CHOICES = (1, 2, 4, 8, 16, 32)
 BLOCK_K_CHOICES = (256, 512, 1024, 2048, 4096)
 WARPS_CHOICES = (2, 4, 8)
 CTAS_CHOICES = (1, 2, 3, 4, 5, 6, 8)
-SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 4096, 8192)   # 8192: the engine default (one counter a buffer)
+SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 2048, 4096, 8192)   # 4096: the engine default
 ATTN_BLOCK_CHOICES = (32, 64, 128)
 EXCHANGE_ROWS_CHOICES = (64, 128, 256)
 MAX_TP = 8                  # GPUs of one host the TP engine is built for (G is a power of two <= 8)
