@@ -199,6 +199,20 @@ def main() -> int:
                 out["tokens_equal_single_gpu"] = (toks == mk_t) if mk_t is not None else None
                 out["first_divergence_vs_single_gpu"] = first_divergence(toks, mk_t) if mk_t is not None else None
                 out["tokens"] = toks[:16]
+                # the single-GPU engine with the TP reduction order (EngineConfig.tp_compat=G): issue 7's token
+                # identity, bit for bit; its tok/s beside the default's shows what the order costs one GPU
+                lg_tp = lg if "ref_tokens" in base else None
+                if G > 1:
+                    mkc = Monokernel(cfg, w, ecfg.replace(tp_compat=G), dev0, max_seq=max_seq)
+                    mkc.n_eos = 0
+                    toks_c, _ = mkc.generate(prompt, a.check_tokens)
+                    out["tokens_equal_single_gpu_tp_compat"] = toks == toks_c
+                    out["first_divergence_vs_single_gpu_tp_compat"] = first_divergence(toks, toks_c)
+                    if lg_tp is not None:
+                        lgc = mkc.teacher_forced_logits(prompt, base["ref_tokens"]).to(dev0)
+                        out["logits_equal_single_gpu_tp_compat"] = bool(torch.equal(lgc, lg_tp))
+                    out["single_gpu_tp_compat_tok_per_s"] = timed_runs(mkc, prompt, a.tokens, a.repeats)["tok_per_s"]
+                    del mkc
                 out.update(timed_runs(tp, prompt, a.tokens, a.repeats))
                 out["compile_seconds"] = tp.compile_seconds
                 del tp

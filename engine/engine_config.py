@@ -40,6 +40,9 @@ class EngineConfig:
                                       # software-pipelines (num_stages): weight chunks in flight across tasks
     flat_loop: int = 0                # 1 (with pipeline_stages): one pipelined loop per run of GEMV tasks of
                                       # ANY phases and layers (kog.engine.flat_plan), unmeasured
+    tp_compat: int = 1                # G > 1: O and down reduced as G tensor-parallel ranks reduce them (each
+                                      # rank's K slice rounded, added in rank order): the same tokens and
+                                      # logits as TPMonokernel with G GPUs, bit for bit
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 32              # KV positions per attention split (widened for long caches: attn_layout)
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
@@ -75,7 +78,7 @@ class EngineConfig:
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
                 self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
-                self.row_prefetch, self.pipeline_stages, self.flat_loop)
+                self.row_prefetch, self.pipeline_stages, self.flat_loop, self.tp_compat)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -108,6 +111,13 @@ class EngineConfig:
             bns = {self.bn(ph) for ph in PHASES}
             need(len(bns) == 1, f"flat_loop needs one tile height for every phase (bn_*: {sorted(bns)})")
             need(self.block_k % 16 == 0, f"flat_loop needs block_k a multiple of 16 (got {self.block_k})")
+        need(self.tp_compat in (1, 2, 4, 8), f"tp_compat {self.tp_compat} not in 1, 2, 4, 8")
+        if self.tp_compat > 1:
+            need(self.pipeline_stages == 0, "tp_compat runs the per-task GEMVs (pipeline_stages 0)")
+            g = self.tp_compat
+            need(model.num_kv_heads % g == 0 and model.intermediate_size % g == 0,
+                 f"tp_compat {g} must divide the KV heads ({model.num_kv_heads}) and intermediate_size "
+                 f"({model.intermediate_size}), as tensor parallelism over {g} GPUs does")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size

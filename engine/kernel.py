@@ -212,17 +212,24 @@ def _timed_wait(cnt_ptr, tgt_ptr, cbase, R, r0, r1, t1, rb, rm, sync_ptr, err_pt
 @triton.jit
 def _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin,
           task, tasks_ptr, t_hi, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr,
-          WAIT: tl.constexpr, UPO: tl.constexpr, PFB: tl.constexpr, TRACE: tl.constexpr, VENDOR: tl.constexpr):
+          WAIT: tl.constexpr, UPO: tl.constexpr, PFB: tl.constexpr, TRACE: tl.constexpr, VENDOR: tl.constexpr,
+          KS: tl.constexpr = 0, KB: tl.constexpr = 0):
     """acc[BN] = W[tile rows, :K] . x (x RMS-normed with weight g when NORM). Each chunk's weight load is
     issued BEFORE the wait for the matching chunk of x, so the HBM stream does not stop at a dependency.
 
     NORM with K <= BK normalizes x first, exactly as HF does; a longer K (hidden > block_k) applies the
-    1/rms scale to the dot product instead (same math, different rounding)."""
+    1/rms scale to the dot product instead (same math, different rounding).
+    KS > 0: a K-slice [KB, KB + K) of rows KS long (EngineConfig.tp_compat: the slice a tensor-parallel rank
+    holds, reduced exactly as that rank reduces it)."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
     EVEN: tl.constexpr = K % BK == 0
     rn = tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    wrow = w_ptr + w_off + (rn * K).to(tl.int64)[:, None]
+    if KS == 0:
+        wrow = w_ptr + w_off + (rn * K).to(tl.int64)[:, None]
+    else:
+        wrow = w_ptr + w_off + KB + (rn * KS).to(tl.int64)[:, None]
+        x_ptr += KB
     acc = tl.zeros([BN], dtype=tl.float32)
     ss = 0.0
     waited = tl.zeros([], dtype=tl.int64)
@@ -230,9 +237,9 @@ def _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, r
         kk = k0 + rk
         w = _load_tile(wrow + kk[None, :], kk, K, EVEN)
         if WAIT:
-            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, tl.minimum(k0 + BK, K), t1, rb, rm, sync_ptr,
-                                         err_ptr, max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, PFB, TRACE,
-                                         VENDOR)
+            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, KB + k0, KB + tl.minimum(k0 + BK, K), t1, rb, rm,
+                                         sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, PFB,
+                                         TRACE, VENDOR)
         if NORM:
             if K <= BK:
                 xg = _normed_x(x_ptr, g_ptr, eps, kk, K, DT)
@@ -792,6 +799,8 @@ def monokernel(
     tp_ptr=None,
     # flat pipelined segments (EngineConfig.flat_loop; kog.engine.flat_plan): off by default
     FLAT: tl.constexpr = False, chunks_ptr=None,
+    # EngineConfig.tp_compat: O and down reduced as TPC tensor-parallel ranks reduce them (1: off)
+    TPC: tl.constexpr = 1,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -953,12 +962,25 @@ def monokernel(
                         pend_n += 1
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps,
-                                                    cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr,
-                                                    err_ptr, max_spin, ti, tasks_ptr, t_hi, QS, BN_O, BK, False, WAIT,
-                                                    I * H, PFB, TRACE, VENDOR)
+                    if TPC > 1:   # the TP ranks' partial sums, rounded and added in rank order (as XRED)
+                        acc = tl.zeros([BN_O], dtype=tl.float32)
+                        for r in tl.static_range(TPC):
+                            part, wt, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr,
+                                                     eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm,
+                                                     sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS // TPC, BN_O,
+                                                     BK, False, WAIT, I * H, PFB, TRACE, VENDOR, QS, r * (QS // TPC))
+                            acc += _rnd(part, DT)
+                            waited += wt
+                    else:
+                        acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr,
+                                                    eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm,
+                                                    sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS, BN_O, BK,
+                                                    False, WAIT, I * H, PFB, TRACE, VENDOR)
                     if TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(acc, DT))
+                    elif TPC > 1:
+                        h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + acc, DT))
                     else:
                         h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT))
@@ -977,12 +999,26 @@ def monokernel(
                     pend_n += 1
                 elif dtyp == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps,
-                                                    cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr,
-                                                    err_ptr, max_spin, ti, tasks_ptr, t_hi, I, BN_DOWN, BK, False, WAIT,
-                                                    I * H, PFB, TRACE, VENDOR)
+                    if TPC > 1:
+                        acc = tl.zeros([BN_DOWN], dtype=tl.float32)
+                        for r in tl.static_range(TPC):
+                            part, wt, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr,
+                                                     eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm,
+                                                     sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I // TPC,
+                                                     BN_DOWN, BK, False, WAIT, I * H, PFB, TRACE, VENDOR, I,
+                                                     r * (I // TPC))
+                            acc += _rnd(part, DT)
+                            waited += wt
+                    else:
+                        acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr,
+                                                    eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm,
+                                                    sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I, BN_DOWN, BK,
+                                                    False, WAIT, I * H, PFB, TRACE, VENDOR)
                     if TP:
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 6) + rows, _rnd(acc, DT))
+                    elif TPC > 1:
+                        hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + acc, DT))
                     else:
                         hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT))

@@ -285,6 +285,8 @@ class Monokernel:
                     num_warps=e.num_warps)
         if e.flat_loop:      # only then: the kernel's other callers (and older kernel files) never see them
             meta.update(FLAT=True, chunks_ptr=self.chunks)
+        if e.tp_compat > 1:
+            meta.update(TPC=int(e.tp_compat))
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
@@ -366,7 +368,22 @@ class Monokernel:
             raise ConfigError("the prompt is empty")
         self.ref.reset()
         if len(prompt) > 1:
-            self.ref.prefill(prompt[:-1])
+            if self.ecfg.tp_compat > 1:
+                self._tp_compat_prefill(prompt[:-1])
+            else:
+                self.ref.prefill(prompt[:-1])
+
+    @torch.no_grad()
+    def _tp_compat_prefill(self, toks: list[int]) -> None:
+        """The prompt's KV cache as tp_compat tensor-parallel ranks fill it (kog.engine.tp.TPReference: each
+        rank's partial sums added in rank order, TPMonokernel's prefill), so the decode that follows matches
+        TPMonokernel's bit for bit. Rank r's caches hold KV heads [r * nkv/G, (r + 1) * nkv/G)."""
+        from kog.engine.tp import TPReference
+        if getattr(self, "_tpref", None) is None:
+            self._tpref = TPReference(self.cfg, self.ref.w, self.ecfg.tp_compat, self.max_seq)
+        self._tpref.reset()
+        self._tpref.prefill(toks)
+        self.ref.cache.copy_(torch.cat([r.cache for r in self._tpref.ranks], dim=2))
 
     def generate(self, prompt_ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int = 0, trace: bool = False) -> tuple[list[int], float]:

@@ -125,6 +125,8 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 num_warps=e.num_warps)
     if e.flat_loop:
         meta.update(FLAT=True, chunks_ptr=T(i32))
+    if e.tp_compat > 1:
+        meta.update(TPC=int(e.tp_compat))
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
     if vendor != 0:

@@ -209,12 +209,18 @@ def bench_sections(run, out: Path) -> list[Section]:
             rows.append({"system": n, "tok/s": v, "% of limit": (100 * v / limit) if limit else None,
                          "x torch-compile": (v / base) if base == base and base else None,
                          "max rel err": s.get("max_rel_err"),
+                         "vs float32 math": s.get("max_rel_err_fp32_ref"),
                          "compile (s)": s.get("compile_seconds"),
                          "note": s.get("note") or s.get("stopped_early"),
                          "error": s.get("error") or s.get("max_rel_err_error") or s.get("breakdown_error")
                          or error_for(run, n)})
         table = pd.DataFrame(rows)
         sec.table(table.dropna(axis=1, how="all"))
+        r32 = doc.get("reference_max_rel_err_vs_fp32")
+        if isinstance(r32, (int, float)):
+            sec.p(f"Errors are teacher-forced, against the reference in the model dtype; 'vs float32 math' is "
+                  f"against the same reference computed in float32 over the same weights, where the model-dtype "
+                  f"reference itself is at {r32:.2e}: the scale of bf16/fp16 rounding noise for this model.")
     sections.append(sec)
 
     per_system = system_breakdowns(doc, bd)

@@ -123,3 +123,34 @@ def test_configuration_errors_are_one_line():
         check_exchange_rows(cfg, E, 64)
     with pytest.raises(ConfigError, match="multiple of bn_o"):
         check_exchange_rows(cfg, E, 8)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("arch, dtype", [("llama", torch.float32), ("qwen3", torch.float16)])
+def test_single_gpu_tp_compat_equals_two_ranks_bit_for_bit(arch, dtype):
+    """EngineConfig.tp_compat=G: the single-GPU kernel reduces O and down as G ranks do (each rank's K slice
+    rounded, the slices added in rank order), so its logits and tokens equal TPMonokernel's with G ranks
+    exactly; without it they differ in the last bits (one K loop), which is what breaks greedy-token identity
+    on long bf16 runs (bench/h200x4/TP_NOTES.md)."""
+    cfg = TINY[arch].replace(dtype="float32" if dtype == torch.float32 else "float16").validate()
+    w = random_weights(cfg, "cpu", seed=11, dtype=dtype)
+    ref_tokens = Reference(cfg, w, 64).greedy(PROMPT, 3)
+    e = E.replace(block_k=32, max_spin=2_000_000)          # two chunks per rank slice: the slice loop matters
+    tp = TPMonokernel(cfg, w, 2, e, max_seq=64)
+    tp.n_eos = 0
+    want = tp.teacher_forced_logits(PROMPT, ref_tokens)
+    tp_tokens, _ = tp.generate(PROMPT, 3)
+    one = Monokernel(cfg, w, e.replace(tp_compat=2), max_seq=64)
+    one.n_eos = 0
+    got = one.teacher_forced_logits(PROMPT, ref_tokens)
+    assert torch.equal(got, want)
+    assert one.generate(PROMPT, 3)[0] == tp_tokens
+    plain = Monokernel(cfg, w, e, max_seq=64)
+    plain.n_eos = 0
+    assert not torch.equal(plain.teacher_forced_logits(PROMPT, ref_tokens), want)
+
+
+def test_tp_compat_must_divide_the_heads():
+    cfg = TINY["llama"].replace(dtype="float32").validate()
+    with pytest.raises(ConfigError, match="tp_compat 8 must divide the KV heads"):
+        E.replace(tp_compat=8).validate(cfg)
