@@ -353,6 +353,10 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             "weight_bytes_per_token": wbpt,
             "limit_tok_per_s": copy * 1e9 / wbpt,
             "reference_max_rel_err_vs_fp32": ref_vs_fp32,
+            # what the report's per-layer critical path needs to price each phase's weight bytes
+            "model_shapes": {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+                             "qkv_size": cfg.qkv_size, "q_size": cfg.q_size, "num_layers": cfg.num_layers,
+                             "vocab_size": cfg.vocab_size, "bytes_per_weight": w["embed"].element_size()},
             "systems": results,
         }
         rows = [{"system": k, "tok_per_s": v.get("tok_per_s"), "max_rel_err": v.get("max_rel_err"),

@@ -83,3 +83,70 @@ def phase_table(bd: pd.DataFrame) -> pd.DataFrame:
     wide = wide.rename(columns={c: f"{c} (us)" for c in cats + ["total"]})
     wide.columns.name = None
     return wide.reset_index()
+
+
+# ---- the critical path per layer, from an instrumented run's per-task trace ---------------------------------
+# Between the last task of one phase ending and the last task of the next ending, in decode order; the first
+# segment starts at the previous layer's down. Each is set beside what the phase's weight bytes take at the
+# run's copy rate, so the excess is the latency chain and imbalance the engine pays there.
+LAYER_SEGMENTS = (("down", "qkv"), ("qkv", "attn"), ("attn", "o"), ("o", "gate_up"), ("gate_up", "down"))
+SEGMENT_COLUMNS = ["system", "layer", "segment", "us", "stream_us", "excess_us"]
+
+
+def model_shapes_of(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """A bench JSON's model_shapes; an older one only names its model, which helps when it is a preset
+    ({} when neither)."""
+    doc = doc or {}
+    if isinstance(doc.get("model_shapes"), dict):
+        return doc["model_shapes"]
+    from kog.engine.config import PRESETS
+    cfg = PRESETS.get(doc.get("model"))
+    if cfg is None:
+        return {}
+    return dict(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, qkv_size=cfg.qkv_size,
+                q_size=cfg.q_size)
+
+
+def phase_weight_bytes(shapes: dict[str, Any]) -> dict[str, int] | None:
+    """Weight bytes per layer of each GEMV phase from a bench JSON's model_shapes (None when incomplete)."""
+    try:
+        H, I = int(shapes["hidden_size"]), int(shapes["intermediate_size"])
+        qkv, q, es = int(shapes["qkv_size"]), int(shapes["q_size"]), int(shapes.get("bytes_per_weight", 2))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"qkv": qkv * H * es, "attn": 0, "o": H * q * es, "gate_up": 2 * I * H * es, "down": H * I * es}
+
+
+def layer_segments(tl: pd.DataFrame, system: str, copy_GBps: float | None,
+                   phase_bytes: dict[str, int] | None) -> pd.DataFrame:
+    """SEGMENT_COLUMNS rows of one traced token of `system` (the second traced token when there are two or
+    more: the first carries the launch's start-up); stream_us / excess_us are NaN without bytes or a copy
+    rate. Empty when the trace has no tasks of that system."""
+    t = tl[tl["system"] == system] if "system" in tl.columns else tl
+    if t.empty or not {"step", "layer", "phase", "end_ns"} <= set(t.columns):
+        return pd.DataFrame(columns=SEGMENT_COLUMNS)
+    steps = sorted(t["step"].unique())
+    tok = t[t["step"] == (steps[1] if len(steps) > 1 else steps[0])]
+    ends = tok.groupby(["layer", "phase"])["end_ns"].max()
+    rows = []
+    for layer in sorted(tok.loc[tok["phase"] != "lm", "layer"].unique()):
+        for prev, ph in LAYER_SEGMENTS:
+            prev_layer = layer - 1 if ph == "qkv" else layer
+            if (prev_layer, prev) not in ends or (layer, ph) not in ends:
+                continue
+            us = (ends[(layer, ph)] - ends[(prev_layer, prev)]) / 1e3
+            stream = (phase_bytes[ph] / (copy_GBps * 1e3)) if phase_bytes and copy_GBps else float("nan")
+            rows.append((system, int(layer), f"{prev} -> {ph}", us, stream, us - stream))
+    return pd.DataFrame(rows, columns=SEGMENT_COLUMNS)
+
+
+def critical_path_table(seg: pd.DataFrame) -> pd.DataFrame:
+    """Median over layers per segment (decode order), plus the layer total: measured, streaming alone and
+    the excess, in microseconds."""
+    if seg.empty:
+        return pd.DataFrame(columns=["segment", "us", "stream_us", "excess_us"])
+    order = [f"{a} -> {b}" for a, b in LAYER_SEGMENTS]
+    med = seg.groupby("segment")[["us", "stream_us", "excess_us"]].median().reindex(order).dropna(how="all")
+    per_layer = seg.groupby("layer")[["us", "stream_us", "excess_us"]].sum(min_count=1)
+    med.loc["layer (sum)"] = per_layer.median()
+    return med.reset_index().rename(columns={"index": "segment"})

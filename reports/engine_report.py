@@ -23,7 +23,8 @@ import pandas as pd
 
 from kog.probe.errors import UsageError
 from kog.reports import figures as F
-from kog.reports.bench_tables import phase_breakdown, phase_table
+from kog.reports.bench_tables import (critical_path_table, layer_segments, model_shapes_of, phase_breakdown,
+                                      phase_table, phase_weight_bytes)
 from kog.reports.html import Section, error_for, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
@@ -261,6 +262,28 @@ def bench_sections(run, out: Path) -> list[Section]:
     else:
         sec.missing("no system reports a time breakdown (bench.json systems[*].breakdown).",
                     error_for(run, "breakdown"))
+    sections.append(sec)
+
+    sec = Section("critical-path", "The critical path of a layer")
+    seg_tables = []
+    if tl is not None and {"step", "layer", "phase", "end_ns"} <= set(tl.columns):
+        pb = phase_weight_bytes(model_shapes_of(doc))
+        for n in kog_systems:
+            seg = layer_segments(tl, n, (doc or {}).get("copy_GBps"), pb)
+            if not seg.empty:
+                seg_tables.append((n, critical_path_table(seg)))
+    if seg_tables:
+        sec.p("One traced token, layer by layer: from the last task of one phase ending to the last task of the "
+              "next (the previous layer's down to qkv, then attention, O, gate/up, down), median over the "
+              "layers, beside what the phase's weight bytes take at the copy bandwidth measured in the same "
+              "run. The excess is what the dependency chain and the imbalance between CTAs cost there.")
+        for n, tab in seg_tables:
+            tab = tab.rename(columns={"us": "measured (us)", "stream_us": "streaming alone (us)",
+                                      "excess_us": "excess (us)"})
+            sec.table(tab.round(2).dropna(axis=1, how="all"), caption=n)
+    else:
+        sec.missing("the per-layer critical path needs the instrumented run's 'timeline' table (task end stamps "
+                    "per layer and phase).", error_for(run, "timeline", "instrument"))
     sections.append(sec)
 
     sec = Section("sync-share", "Share of token time lost to grid synchronisation")

@@ -149,6 +149,7 @@ def write_scan(store, drop: Iterable[str] = (), errors: dict[str, str] | None = 
 
 
 # ---- bench ---------------------------------------------------------------------------------------
+ENGINE_PHASES = ("qkv", "attn", "o", "gate_up", "down")
 PHASES = ("embed", "attn_norm", "qkv_rope", "attention", "o_proj", "mlp_norm", "gate_up", "down", "lm_head",
           "sample")
 CATEGORIES = ("streaming", "waiting", "barrier", "other")
@@ -211,27 +212,28 @@ def timeline_table(doc: dict[str, Any], seed: int = 0, layers: int = 2, ctas: in
         clock = np.zeros(ctas)
         task = 0
         for layer in range(layers):
-            for phase in PHASES[1:8]:
-                stream = rng.uniform(0.8, 1.6, ctas) * (3000 if phase in ("gate_up", "down", "qkv_rope") else 1200)
+            for phase in ENGINE_PHASES:   # the engine's task phases (norms are fused into the GEMVs)
+                stream = rng.uniform(0.8, 1.6, ctas) * (3000 if phase in ("gate_up", "down", "qkv") else 1200)
                 if not grid:
                     wait = rng.exponential(120, ctas)
-                    rows += [(sysname, c, c, task, f"L{layer}.{phase}", "waiting", clock[c], clock[c] + wait[c])
+                    rows += [(sysname, c, c, task, phase, layer, "waiting", clock[c], clock[c] + wait[c])
                              for c in range(ctas)]
                     clock = clock + wait
-                rows += [(sysname, c, c, task + 1, f"L{layer}.{phase}", "streaming", clock[c], clock[c] + stream[c])
+                rows += [(sysname, c, c, task + 1, phase, layer, "streaming", clock[c], clock[c] + stream[c])
                          for c in range(ctas)]
                 clock = clock + stream
                 other = rng.uniform(50, 120, ctas)
-                rows += [(sysname, c, c, task + 1, f"L{layer}.{phase}", "other", clock[c], clock[c] + other[c])
+                rows += [(sysname, c, c, task + 1, phase, layer, "other", clock[c], clock[c] + other[c])
                          for c in range(ctas)]
                 clock = clock + other
                 if grid:
                     end = clock.max() + 700
-                    rows += [(sysname, c, c, task + 1, f"L{layer}.{phase}", "barrier", clock[c], end)
+                    rows += [(sysname, c, c, task + 1, phase, layer, "barrier", clock[c], end)
                              for c in range(ctas)]
                     clock[:] = end
                 task += 2
-    df = pd.DataFrame(rows, columns=["system", "cta", "sm", "task", "phase", "kind", "start_ns", "end_ns"])
+    df = pd.DataFrame(rows, columns=["system", "cta", "sm", "task", "phase", "layer", "kind", "start_ns", "end_ns"])
+    df.insert(3, "step", 0)
     df["start_ns"] = df["start_ns"].astype(np.int64)
     df["end_ns"] = df["end_ns"].astype(np.int64)
     return df

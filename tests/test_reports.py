@@ -179,7 +179,7 @@ def test_reports_leave_no_pyplot_figures(small_scan, study_run, tmp_path):
 def test_bench_report_sections_and_escaping(bench_html):
     path, html = bench_html
     secs = sections(html)
-    assert tuple(secs) == ("overview", "throughput", "breakdown", "sync-share", "timeline")
+    assert tuple(secs) == ("overview", "throughput", "breakdown", "critical-path", "sync-share", "timeline")
     assert "Missing:" not in html
     assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     for name in ("kog-targeted", "kog-grid", "torch-compile", "cuda-graph", "hf-transformers"):

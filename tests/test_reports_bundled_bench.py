@@ -60,7 +60,7 @@ def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
     path, html = bundled_html
     doc = json.loads(COMMITTED.read_text())
     secs = sections(html)
-    assert tuple(secs) == ("overview", "throughput", "breakdown", "sync-share", "timeline")
+    assert tuple(secs) == ("overview", "throughput", "breakdown", "critical-path", "sync-share", "timeline")
     assert "NVIDIA H200" in html and "llama-3.2-1b" in html
     # every system's tok/s and % of the limit (the table prints 4 significant figures)
     for name, s in doc["systems"].items():
@@ -73,6 +73,9 @@ def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
     share = g["breakdown"]["barrier"] * g["tok_per_s"]
     assert 0.05 < share < 0.6
     assert f"{share:.1%}" in secs["sync-share"] and "35%" in secs["sync-share"]
+    # the per-layer critical path of both kog systems, from the bundled run's timeline
+    cp = secs["critical-path"]
+    assert "kog-targeted" in cp and "kog-grid" in cp and "o -&gt; gate_up" in cp and "layer (sum)" in cp
     # per-phase table from breakdown_extra.phases: every phase, both kog systems, waiting split out
     bd = secs["breakdown"]
     for ph in g["breakdown_extra"]["phases"]:
