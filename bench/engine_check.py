@@ -15,7 +15,7 @@ import traceback
 
 import torch
 
-from kog.engine.bench import first_divergence, max_rel_err as rel_err
+from kog.engine.bench import first_divergence, max_rel_err as rel_err, reference_fp32_logits
 from kog.engine.config import PRESETS
 from kog.engine.engine_config import EngineConfig
 from kog.engine.monokernel import Monokernel
@@ -136,11 +136,8 @@ def teacher_check(ecfg, n=32):
         REF32["logits"] = Reference(cfg, w, 640).teacher_forced_logits(prompt, REF32["tokens"])
     if "--ref-fp32" in sys.argv and "fp32_logits" not in REF32:
         # the same bf16 weights, upcast: the reference's math without its per-op bf16 rounding
-        from kog.engine.weights import Weights
-        w32 = Weights({k: v.float() for k, v in w.items()})
-        REF32["fp32_logits"] = Reference(cfg, w32, 640).teacher_forced_logits(prompt, REF32["tokens"])
+        REF32["fp32_logits"] = reference_fp32_logits(cfg, w, prompt, REF32["tokens"])
         REF32["ref_bf16_vs_fp32"] = rel_err(REF32["logits"], REF32["fp32_logits"])
-        del w32
     mk = Monokernel(cfg, w, ecfg, max_seq=640)
     mk.n_eos = 0
     ml = mk.teacher_forced_logits(prompt, REF32["tokens"])

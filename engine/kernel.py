@@ -256,6 +256,40 @@ def _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, r
 
 
 @triton.jit
+def _gemv_rank_sum(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr,
+                   max_spin, task, tasks_ptr, t_hi, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   WAIT: tl.constexpr, UPO: tl.constexpr, PFB: tl.constexpr, TRACE: tl.constexpr,
+                   VENDOR: tl.constexpr, TPC: tl.constexpr):
+    """A row-parallel GEMV (O, down) rounded to the model dtype, as TPC tensor-parallel ranks compute it: each
+    rank's K slice reduced alone (_gemv's KS/KB) and rounded, the slices added in rank order in float32 (the
+    exchange's XRED sum; EngineConfig.tp_compat). TPC = 1: the whole row, NOT yet rounded (_rounded_sum
+    rounds it where the caller uses it, which keeps the default kernel's instruction schedule)."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    if TPC == 1:
+        acc, waited, rb, rm = _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
+                                    sync_ptr, err_ptr, max_spin, task, tasks_ptr, t_hi, K, BN, BK, False, WAIT, UPO,
+                                    PFB, TRACE, VENDOR)
+    else:
+        acc = tl.zeros([BN], dtype=tl.float32)
+        waited = tl.zeros([], dtype=tl.int64)
+        for r in tl.static_range(TPC):
+            part, wt, rb, rm = _gemv(w_ptr, w_off, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
+                                     sync_ptr, err_ptr, max_spin, task, tasks_ptr, t_hi, K // TPC, BN, BK, False,
+                                     WAIT, UPO, PFB, TRACE, VENDOR, K, r * (K // TPC))
+            acc += _rnd(part, DT)
+            waited += wt
+    return acc, waited, rb, rm
+
+
+@triton.jit
+def _rounded_sum(acc, DT: tl.constexpr, TPC: tl.constexpr):
+    """_gemv_rank_sum's result in the model dtype (its TPC > 1 sum is already a sum of rounded slices)."""
+    if TPC == 1:
+        acc = _rnd(acc, DT)
+    return acc
+
+
+@triton.jit
 def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr,
            max_spin, task, tasks_ptr, t_hi, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WAIT: tl.constexpr,
            UPO: tl.constexpr, PFB: tl.constexpr, TRACE: tl.constexpr, VENDOR: tl.constexpr):
@@ -962,28 +996,16 @@ def monokernel(
                         pend_n += 1
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
-                    if TPC > 1:   # the TP ranks' partial sums, rounded and added in rank order (as XRED)
-                        acc = tl.zeros([BN_O], dtype=tl.float32)
-                        for r in tl.static_range(TPC):
-                            part, wt, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr,
-                                                     eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm,
-                                                     sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS // TPC, BN_O,
-                                                     BK, False, WAIT, I * H, PFB, TRACE, VENDOR, QS, r * (QS // TPC))
-                            acc += _rnd(part, DT)
-                            waited += wt
-                    else:
-                        acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr,
-                                                    eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1), t1, rb, rm,
-                                                    sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS, BN_O, BK,
-                                                    False, WAIT, I * H, PFB, TRACE, VENDOR)
+                    acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
+                                                         small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
+                                                         t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi,
+                                                         QS, BN_O, BK, WAIT, I * H, PFB, TRACE, VENDOR, TPC)
                     if TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
-                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(acc, DT))
-                    elif TPC > 1:
-                        h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
-                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + acc, DT))
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rounded_sum(acc, DT, TPC))
                     else:
                         h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
-                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, _rnd(h + _rnd(acc, DT), DT))
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows,
+                                 _rnd(h + _rounded_sum(acc, DT, TPC), DT))
                     pend_n += 1
                 elif dtyp == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
@@ -999,29 +1021,16 @@ def monokernel(
                     pend_n += 1
                 elif dtyp == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
-                    if TPC > 1:
-                        acc = tl.zeros([BN_DOWN], dtype=tl.float32)
-                        for r in tl.static_range(TPC):
-                            part, wt, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr,
-                                                     eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm,
-                                                     sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I // TPC,
-                                                     BN_DOWN, BK, False, WAIT, I * H, PFB, TRACE, VENDOR, I,
-                                                     r * (I // TPC))
-                            acc += _rnd(part, DT)
-                            waited += wt
-                    else:
-                        acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr,
-                                                    eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3), t1, rb, rm,
-                                                    sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I, BN_DOWN, BK,
-                                                    False, WAIT, I * H, PFB, TRACE, VENDOR)
+                    acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
+                                                         small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
+                                                         t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi,
+                                                         I, BN_DOWN, BK, WAIT, I * H, PFB, TRACE, VENDOR, TPC)
                     if TP:
-                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 6) + rows, _rnd(acc, DT))
-                    elif TPC > 1:
-                        hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
-                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + acc, DT))
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 6) + rows, _rounded_sum(acc, DT, TPC))
                     else:
                         hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
-                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rnd(hm + _rnd(acc, DT), DT))
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows,
+                                 _rnd(hm + _rounded_sum(acc, DT, TPC), DT))
                     pend_n += 1
                 elif dtyp == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
