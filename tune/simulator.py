@@ -278,7 +278,7 @@ _SOURCES = [
      "acquire polls, weight tiles loaded evict_first", _NEW_DEFAULTS, True, 512, True),
     ("bench/h200/llama-3.2-1b.json", None, "099da93",
      "sync_rows 4096, attn_block 32 (current defaults)", _SYNC4K_DEFAULTS, True, 512, True),
-    ("bench/h200/engine_check_attn_sync_2026-11-29.json", None, "2df6831",
+    ("bench/h200/engine_check_attn_sync_2026-11-29.json", None, "e913ee4",
      "attention block / wait granularity sweep", _NEW_DEFAULTS, True, 256, True),
 ]
 _CFG_FIELDS = tuple(_OLD_DEFAULTS)
