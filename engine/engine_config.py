@@ -43,6 +43,9 @@ class EngineConfig:
     tp_compat: int = 1                # G > 1: O and down reduced as G tensor-parallel ranks reduce them (each
                                       # rank's K slice rounded, added in rank order): the same tokens and
                                       # logits as TPMonokernel with G GPUs, bit for bit
+    weight_ring: int = 0              # > 0: slots of the per-CTA shared-memory weight ring (kog.engine.ring):
+                                      # bulk copies keep this many chunks requested ahead across tasks,
+                                      # phases, layers and tokens (NVIDIA sm_90; emulated by the interpreter)
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 32              # KV positions per attention split (widened for long caches: attn_layout)
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
@@ -78,7 +81,7 @@ class EngineConfig:
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
                 self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
-                self.row_prefetch, self.pipeline_stages, self.flat_loop, self.tp_compat)
+                self.row_prefetch, self.pipeline_stages, self.flat_loop, self.tp_compat, self.weight_ring)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -118,6 +121,17 @@ class EngineConfig:
             need(model.num_kv_heads % g == 0 and model.intermediate_size % g == 0,
                  f"tp_compat {g} must divide the KV heads ({model.num_kv_heads}) and intermediate_size "
                  f"({model.intermediate_size}), as tensor parallelism over {g} GPUs does")
+        need(0 <= self.weight_ring <= 16, f"weight_ring {self.weight_ring} not in 0..16")
+        if self.weight_ring:
+            need(self.pipeline_stages == 0 and self.prefetch == 0 and self.blocked_prefetch == 0
+                 and self.row_prefetch == 0, "weight_ring runs without pipeline_stages, prefetch, blocked_prefetch "
+                 "and row_prefetch (the ring replaces them)")
+            need(self.tp_compat == 1, "weight_ring runs with tp_compat 1")
+            need(self.block_k >= 128, f"weight_ring needs block_k >= 128 (chunks start 128-byte aligned; got "
+                 f"{self.block_k})")
+            for what, K in (("hidden_size", model.hidden_size), ("q_size", model.q_size),
+                            ("intermediate_size", model.intermediate_size)):
+                need(K % 8 == 0, f"weight_ring needs 16-byte weight rows: {what} {K} is not a multiple of 8")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size

@@ -30,8 +30,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kog.engine.ring import ring_drain, ring_fill, ring_init, ring_tile, ring_wait
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import global_time_ns, poll_acquire, release_counter, sm_id, wait_counters
+from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
+                               wait_counters)
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -324,6 +326,72 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
         acc_a = acc_a * r
         acc_b = acc_b * r
     return acc_a, acc_b, waited, rb, rm
+
+
+@triton.jit
+def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr,
+             DT: tl.constexpr):
+    """x[k0 + 2j] and x[k0 + 2j + 1] (j < BKC / 2, columns >= ne read 0) to meet a ring chunk's word pairs,
+    times the RMSNorm weight when NORM: normalized first, exactly as HF, when one chunk spans K (K <= BKC);
+    else x * g, and ss = this chunk's sum of squares (the caller scales the dot product, as _gemv)."""
+    rj = tl.arange(0, BKC // 2)
+    ok = 2 * rj < ne
+    xl = tl.load(x_ptr + k0 + 2 * rj, mask=ok, other=0.0)
+    xh = tl.load(x_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+    ss = 0.0
+    if NORM:
+        gl = tl.load(g_ptr + k0 + 2 * rj, mask=ok, other=0.0)
+        gh = tl.load(g_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+        if K <= BKC:
+            r = 1.0 / tl.sqrt((tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)) / K + eps)
+            xl = _rnd(_rnd(xl * r, DT) * gl, DT)
+            xh = _rnd(_rnd(xh * r, DT) * gh, DT)
+        else:
+            ss = tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)
+            xl = xl * gl
+            xh = xh * gh
+    return xl, xh, ss
+
+
+@triton.jit
+def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, rtab_ptr, c_lo, nch, pmax, x_ptr, g_ptr, eps, cnt_ptr,
+               tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task, tasks_ptr, t_hi,
+               K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
+               WAIT: tl.constexpr, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr, BN_QKV: tl.constexpr,
+               BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
+               BK: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr, TRACE: tl.constexpr,
+               VENDOR: tl.constexpr):
+    """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
+    up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
+    wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
+    waited, rb, rm, cn, pn)."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    acc = tl.zeros([BN], dtype=tl.float32)
+    acc2 = tl.zeros([BN], dtype=tl.float32)
+    ss = 0.0
+    waited = tl.zeros([], dtype=tl.int64)
+    for k0 in range(0, K, BKC):
+        ne = tl.minimum(BKC, K - k0)
+        pn = ring_fill(w_ptr, rtab_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, H, I, QS, BN_QKV, BN_O,
+                       BN_GU, BN_DOWN, BN_LM, BK, NS, SLOTB, UPO, VENDOR)
+        if WAIT:
+            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
+                                         max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
+        xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
+        ss += s2
+        dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
+        lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
+        acc += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
+        if GU:
+            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, BN, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
+            acc2 += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
+        cn += 1
+    if NORM:
+        if K > BKC:
+            r = 1.0 / tl.sqrt(ss / K + eps)
+            acc = acc * r
+            acc2 = acc2 * r
+    return acc, acc2, waited, rb, rm, cn, pn
 
 
 @triton.jit
@@ -835,6 +903,8 @@ def monokernel(
     FLAT: tl.constexpr = False, chunks_ptr=None,
     # EngineConfig.tp_compat: O and down reduced as TPC tensor-parallel ranks reduce them (1: off)
     TPC: tl.constexpr = 1,
+    # the weight ring (EngineConfig.weight_ring; kog.engine.ring): RING slots of SLOTB bytes; off by default
+    RING: tl.constexpr = 0, SLOTB: tl.constexpr = 0, ring_tab_ptr=None, ring_lo_ptr=None, gring_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -862,6 +932,18 @@ def monokernel(
     R_QKV = tl.load(rpc_ptr + 0)
     tr = 0
     stop = 0
+    if RING > 0:
+        # the ring is the last RING_BYTES of the launch's dynamic shared memory (the launcher adds them to
+        # Triton's own); chunk cursors count from the launch's start (kog.engine.ring)
+        RING_BYTES: tl.constexpr = 1024 + RING * SLOTB
+        rbase = smem_base(VENDOR) + dyn_smem_size(VENDOR) - RING_BYTES
+        ring_init(rbase, RING, VENDOR)
+        c_lo = tl.load(ring_lo_ptr + cta)
+        nch = tl.load(ring_lo_ptr + cta + 1) - c_lo
+        pmax = n_tokens * nch
+        cn = nch * 0         # chunks consumed (an int32 tensor: loop-carried)
+        pn = ring_fill(w_ptr, ring_tab_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, H, I, QS, BN_QKV, BN_O,
+                       BN_GU, BN_DOWN, BN_LM, BK, RING, SLOTB, I * H, VENDOR)
     if ROWPF:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
@@ -946,11 +1028,19 @@ def monokernel(
                     rows = tile * BN_QKV + tl.arange(0, BN_QKV)
                     # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
                     # always-ready dummy counters
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
-                                                small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
+                    if RING > 0:
+                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
+                            cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
+                            tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
+                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR)
+                    else:
+                        acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                    small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
                                                     tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, tasks_ptr, t_hi, H, BN_QKV, BK, True, WAIT, I * H, PFB,
-                                                    TRACE, VENDOR)
+                                                    max_spin, ti, tasks_ptr, t_hi, H, BN_QKV, BK, True, WAIT, I * H,
+                                                    PFB, TRACE, VENDOR)
                     y = acc
                     if HAS_BIAS:
                         y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
@@ -996,10 +1086,18 @@ def monokernel(
                         pend_n += 1
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
-                    acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
-                                                         small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
-                                                         t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi,
-                                                         QS, BN_O, BK, WAIT, I * H, PFB, TRACE, VENDOR, TPC)
+                    if RING > 0:
+                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
+                            tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
+                            BN_O, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
+                            SLOTB, I * H, TRACE, VENDOR)
+                    else:
+                        acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
+                                                             small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
+                                                             t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr,
+                                                             t_hi, QS, BN_O, BK, WAIT, I * H, PFB, TRACE, VENDOR, TPC)
                     if TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rounded_sum(acc, DT, TPC))
                     else:
@@ -1009,22 +1107,38 @@ def monokernel(
                     pend_n += 1
                 elif dtyp == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
-                    ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
-                                                    act_ptr + tl.load(aoff_ptr + lrow + 3),
-                                                    small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps, cnt_ptr, tgt_ptr,
-                                                        cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr,
-                                                        max_spin, ti, tasks_ptr, t_hi, H, BN_GU, BK_GU, WAIT, I * H,
-                                                        PFB, TRACE, VENDOR)
+                    if RING > 0:
+                        ag, au, waited, rb, rm, cn, pn = _gemv_ring(
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
+                            cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
+                            tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
+                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR)
+                    else:
+                        ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
+                                                        act_ptr + tl.load(aoff_ptr + lrow + 3),
+                                                        small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps, cnt_ptr,
+                                                        tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr,
+                                                        err_ptr, max_spin, ti, tasks_ptr, t_hi, H, BN_GU, BK_GU, WAIT,
+                                                        I * H, PFB, TRACE, VENDOR)
                     gt = _rnd(ag, DT)
                     y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # HF: silu(g) * u in bf16
                     tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y)
                     pend_n += 1
                 elif dtyp == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
-                    acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
-                                                         small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
-                                                         t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi,
-                                                         I, BN_DOWN, BK, WAIT, I * H, PFB, TRACE, VENDOR, TPC)
+                    if RING > 0:
+                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
+                            tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
+                            BN_DOWN, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
+                            SLOTB, I * H, TRACE, VENDOR)
+                    else:
+                        acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
+                                                             small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
+                                                             t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr,
+                                                             t_hi, I, BN_DOWN, BK, WAIT, I * H, PFB, TRACE, VENDOR, TPC)
                     if TP:
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 6) + rows, _rounded_sum(acc, DT, TPC))
                     else:
@@ -1034,11 +1148,19 @@ def monokernel(
                     pend_n += 1
                 elif dtyp == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
-                    acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
-                                                small_ptr + fnorm_off, eps, cnt_ptr,
+                    if RING > 0:
+                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
+                            tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
+                            BN_LM, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
+                            SLOTB, I * H, TRACE, VENDOR)
+                    else:
+                        acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
+                                                    small_ptr + fnorm_off, eps, cnt_ptr,
                                                     tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
-                                                    max_spin, ti, tasks_ptr, t_hi, H, BN_LM, BK, True, WAIT, I * H, PFB,
-                                                    TRACE, VENDOR)
+                                                    max_spin, ti, tasks_ptr, t_hi, H, BN_LM, BK, True, WAIT, I * H,
+                                                    PFB, TRACE, VENDOR)
                     lg = _rnd(acc, DT)                            # HF returns logits in the model dtype
                     if write_logits != 0:
                         tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
@@ -1105,3 +1227,5 @@ def monokernel(
                     tl.store(act_ptr + k0 + rh, e.to(tl.float32), mask=k0 + rh < H)
                 tl.debug_barrier()
                 tl.atomic_xchg(sync_ptr + S_TOK, t1, sem="release", scope="gpu")
+    if RING > 0:
+        ring_drain(rbase, cn, pn, sync_ptr, err_ptr, max_spin, RING, VENDOR)

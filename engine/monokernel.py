@@ -74,6 +74,8 @@ class Monokernel:
         else:
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.sms = sms
+        if self.ecfg.weight_ring and self.vendor not in (INTERPRET, 1):
+            raise ConfigError("weight_ring needs NVIDIA sm_90 bulk copies (no AMD path is written)")
         self.ref = Reference(cfg, weights, max_seq)
         self.max_seq = self.ref.max_seq
         # attention splits: each covers attn_block positions, together the whole cache (or the sliding window)
@@ -163,8 +165,10 @@ class Monokernel:
         i32 = dict(dtype=torch.int32, device=dev)
         self.dummy_base = p.n_counters
         self._chunks_np = None
-        self.tasks = torch.tensor(self._task_table(), **i32)
+        tasks = self._task_table()
+        self.tasks = torch.tensor(tasks, **i32)
         self.chunks = torch.tensor(self._chunks_np, **i32) if self._chunks_np is not None else None
+        self._ring_tables(tasks)
         self.cta_start = torch.tensor(p.cta_start, **i32)
         self.layout = torch.tensor(p.layout, **i32)
         self.rpc = torch.tensor(p.rows_per_counter, **i32)
@@ -182,6 +186,26 @@ class Monokernel:
         self.trace_cap = int(np.max(p.cta_start[1:] - p.cta_start[:-1])) * max(self.trace_tokens, 1)
         self.trace = torch.zeros((p.grid, self.trace_cap, 4) if self.trace_tokens else (1, 1, 4),
                                  dtype=torch.int64, device=dev)
+
+    def _ring_tables(self, tasks: np.ndarray) -> None:
+        """The weight ring's chunk table and per-CTA ranges (kog.engine.ring), and the interpreter's stand-in
+        for the shared-memory slots."""
+        from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
+        from kog.engine.ring import ring_bytes, ring_chunks, slot_bytes
+        e, cfg = self.ecfg, self.cfg
+        self.ring_extra_smem = 0
+        if not e.weight_ring:
+            return
+        bn = {T_QKV: e.bn_qkv, T_O: e.bn_o, T_GU: e.bn_gate_up, T_DOWN: e.bn_down, T_LM: e.bn_lm}
+        tab, lo = ring_chunks(tasks, self.plan.cta_start, H=cfg.hidden_size, I=cfg.intermediate_size,
+                              QS=cfg.q_size, block_k=e.block_k, bn=bn)
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self.ring_tab = torch.tensor(tab if tab.size else np.zeros((1, 2), np.int32), **i32)
+        self.ring_lo = torch.tensor(lo, **i32)
+        self.slot_bytes = slot_bytes(block_k=e.block_k, bn=bn)
+        self.ring_extra_smem = ring_bytes(e.weight_ring, block_k=e.block_k, bn=bn)
+        n = self.plan.grid * e.weight_ring * self.slot_bytes // 2 if self.vendor == INTERPRET else 1
+        self.gring = torch.zeros(n, dtype=self.wbuf.dtype, device=self.device)
 
     def _task_table(self) -> np.ndarray:
         """The plan's tasks with what each needs precomputed (one row of 8 int32 per task): type, layer, tile,
@@ -287,6 +311,9 @@ class Monokernel:
             meta.update(FLAT=True, chunks_ptr=self.chunks)
         if e.tp_compat > 1:
             meta.update(TPC=int(e.tp_compat))
+        if e.weight_ring:
+            meta.update(RING=int(e.weight_ring), SLOTB=int(self.slot_bytes), ring_tab_ptr=self.ring_tab,
+                        ring_lo_ptr=self.ring_lo, gring_ptr=self.gring)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
@@ -301,10 +328,33 @@ class Monokernel:
             t0 = time.perf_counter()
             k = monokernel.warmup(*args, grid=(self.plan.grid,), **meta)
             self.compile_seconds = time.perf_counter() - t0
+            self._add_ring_smem(k)
             self._check_residency(k)
+
+    def _add_ring_smem(self, k) -> None:
+        """Launch a compiled kernel with the weight ring's shared memory after Triton's own (the kernel finds
+        the ring at the end of its dynamic shared memory). Idempotent per compiled kernel; must run before
+        the kernel's first load (the driver's shared-memory attribute is set then)."""
+        if not self.ring_extra_smem or getattr(k, "_kog_ring_smem", None) == self.ring_extra_smem:
+            return
+        own = getattr(k, "_kog_triton_smem", k.metadata.shared)
+        total = -(-own // 1024) * 1024 + self.ring_extra_smem
+        props = torch.cuda.get_device_properties(self.device)
+        block_max = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+        if total > block_max:
+            raise ConfigError(f"weight_ring {self.ecfg.weight_ring} does not fit: {self.ring_extra_smem} B of ring "
+                              f"after the kernel's {own} B is more than the {block_max} B of shared memory one CTA "
+                              f"may have; use fewer slots or a smaller block_k")
+        k._kog_triton_smem = own
+        k.metadata = k.metadata._replace(shared=total)
+        k.packed_metadata = (k.metadata.num_warps, k.metadata.num_ctas, total)
+        k._kog_ring_smem = self.ring_extra_smem
 
     def _start(self, args, meta) -> None:
         from kog.engine.kernel import monokernel
+        if self.ring_extra_smem and self.vendor != INTERPRET:
+            # every compiled variant (traced, logits, sampling modes) gets the ring's shared memory first
+            self._add_ring_smem(monokernel.warmup(*args, grid=(self.plan.grid,), **meta))
         monokernel[(self.plan.grid,)](*args, **meta)
 
     def _check_residency(self, k) -> None:
@@ -343,6 +393,8 @@ class Monokernel:
             return "the grid barrier"
         if idx == -3:
             return "the start-up SM rendezvous"
+        if idx == -4:
+            return "a weight-ring slot (its bulk copy never landed)"
         lay = self.plan.layout
         best = None
         for layer in range(lay.shape[0]):

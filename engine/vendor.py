@@ -152,3 +152,100 @@ def release_counter(ptr, n, need, VENDOR: tl.constexpr):
             tl.debug_barrier()
             tl.atomic_add(ptr, n, sem="release", scope="gpu")
     return z
+
+
+# ---- the weight ring (EngineConfig.weight_ring; kog.engine.ring) --------------------------------------------
+# NVIDIA (sm_90): a ring of shared-memory slots behind Triton's own shared memory, filled by one thread's
+# cp.async.bulk copies (the TMA engine: no registers, no per-thread addresses) that complete on one mbarrier
+# per slot. The interpreter (VENDOR 0) emulates it in global memory (kog.engine.ring); AMD has no ring
+# (validate() refuses it there).
+
+@triton.jit
+def smem_base(VENDOR: tl.constexpr):
+    """The shared-window address of the kernel's dynamic shared memory (Triton's `global_smem`)."""
+    if VENDOR == 1:
+        b = tl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        b = tl.full([], 0, tl.int32)
+    return b
+
+
+@triton.jit
+def mbar_init(bar, VENDOR: tl.constexpr):
+    """Thread 0: mbarrier at shared address `bar`, one expected arrival per phase (the producer's)."""
+    if VENDOR == 1:
+        tl.inline_asm_elementwise(
+            "{\n.reg .pred %ip;\n.reg .u32 %it;\nmov.u32 %it, %tid.x;\nsetp.eq.u32 %ip, %it, 0;\n"
+            "@%ip mbarrier.init.shared::cta.b64 [$1], 1;\nmov.u32 $0, 0;\n}",
+            "=r,r", [bar], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def mbar_init_fence(VENDOR: tl.constexpr):
+    """Make the initialized mbarriers visible to the async proxy (the bulk copies) before first use."""
+    if VENDOR == 1:
+        tl.inline_asm_elementwise("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n"
+                                  "mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def bulk_expect(bar, nbytes, VENDOR: tl.constexpr):
+    """Thread 0: order this CTA's earlier generic-proxy reads of the slot before the async writes about to
+    refill it (fence.proxy.async), then arrive on the slot's mbarrier expecting nbytes of copies."""
+    if VENDOR == 1:
+        tl.inline_asm_elementwise(
+            "{\n.reg .pred %ep;\n.reg .u32 %et;\n.reg .b64 %es;\nmov.u32 %et, %tid.x;\nsetp.eq.u32 %ep, %et, 0;\n"
+            "@%ep fence.proxy.async.shared::cta;\n"
+            "@%ep mbarrier.arrive.expect_tx.shared::cta.b64 %es, [$1], $2;\nmov.u32 $0, 0;\n}",
+            "=r,r,r", [bar, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def bulk_copy(dst, src, nbytes, bar, VENDOR: tl.constexpr):
+    """Thread 0: copy nbytes (a multiple of 16; both ends 16-byte aligned) from global `src` to shared `dst`,
+    completing on mbarrier `bar` (cp.async.bulk: the copy engine moves it; no thread waits)."""
+    if VENDOR == 1:
+        tl.inline_asm_elementwise(
+            "{\n.reg .pred %cp;\n.reg .u32 %ct;\nmov.u32 %ct, %tid.x;\nsetp.eq.u32 %cp, %ct, 0;\n"
+            "@%cp cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$2], $3, [$4];\n"
+            "mov.u32 $0, 0;\n}",
+            "=r,r,l,r,r", [dst, src, nbytes, bar], dtype=tl.int32, is_pure=False, pack=1)
+
+
+# Wait (bounded: $3 polls) until the mbarrier at $2 has completed the phase of parity $3... ($2 bar, $3 parity,
+# $4 max polls). $0 = 1 if it timed out, $1 = an opaque 0 for the reads of the slot (keeps them below the wait).
+MBAR_WAIT_PTX = tl.constexpr(
+    "{\n.reg .pred %mp;\n.reg .u32 %mn;\nmov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 %mn, 0;\n"
+    "M_POLL:\nmbarrier.try_wait.parity.shared::cta.b64 %mp, [$2], $3;\n@%mp bra M_END;\n"
+    "add.u32 %mn, %mn, 1;\nsetp.lt.u32 %mp, %mn, $4;\n@%mp bra M_POLL;\nmov.u32 $0, 1;\n"
+    "M_END:\n}")
+
+
+@triton.jit
+def mbar_wait(bar, parity, max_spin, VENDOR: tl.constexpr):
+    """(timed out 0/1, opaque 0): every thread waits until the slot's copies of phase `parity` landed."""
+    if VENDOR == 1:
+        f, dep = tl.inline_asm_elementwise(MBAR_WAIT_PTX, "=r,=r,r,r,r", [bar, parity, max_spin],
+                                           dtype=(tl.int32, tl.int32), is_pure=False, pack=1)
+    else:
+        f = parity * 0
+        dep = parity * 0
+    return f, dep
+
+
+@triton.jit
+def ld_shared_b32(addr, VENDOR: tl.constexpr):
+    """32-bit words from shared addresses (a tensor of them); NVIDIA only."""
+    return tl.inline_asm_elementwise("ld.shared.b32 $0, [$1];", "=r,r", [addr], dtype=tl.int32, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def dyn_smem_size(VENDOR: tl.constexpr):
+    """Bytes of dynamic shared memory this launch got (%dynamic_smem_size): the ring sits at its end."""
+    if VENDOR == 1:
+        n = tl.inline_asm_elementwise("mov.u32 $0, %dynamic_smem_size;", "=r", [], dtype=tl.int32, is_pure=True,
+                                      pack=1)
+    else:
+        n = tl.full([], 0, tl.int32)
+    return n

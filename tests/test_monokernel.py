@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
-from kog.engine.config import PRESETS
+from kog.engine.config import PRESETS, ConfigError
 from kog.engine.engine_config import EngineConfig
 from kog.engine.monokernel import Monokernel, MonokernelError
 from kog.engine.reference import Reference
@@ -196,3 +197,37 @@ def test_flat_chunk_table():
     assert seen == gemv
     with pytest.raises(Exception, match="one tile height"):
         FLAT.replace(bn_lm=64).validate(TINY)
+
+
+@pytest.mark.parametrize("mode, slots", [("targeted", 2), ("grid", 3)])
+def test_weight_ring_matches_reference(mode, slots):
+    """weight_ring: every GEMV reads its weights from the CTA's ring of slots, filled ahead across tasks,
+    phases, layers and tokens (interpreter: the ring emulated in global memory, same cursors). down has
+    K = 384 = 3 chunks of 128, so chunks of one task also follow each other through the slots."""
+    cfg = TINY.replace(intermediate_size=384)
+    e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128)
+    ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
+    assert got == ref and err < 1e-4
+
+
+def test_weight_ring_chunk_table_and_validation():
+    from kog.engine.plan import T_ATTN, T_DOWN, T_GU, T_LM, T_O, T_QKV
+    from kog.engine.ring import ring_bytes, ring_chunks, slot_bytes
+    bn = {T_QKV: 8, T_O: 8, T_GU: 8, T_DOWN: 8, T_LM: 8}
+    # CTA 0: qkv (K=256, 2 chunks of 128), attention (no chunks), gate_up (gate+up at 64 columns: 4 chunks);
+    # CTA 1: down (K=320: 128, 128, then a 64-column tail)
+    tasks = np.zeros((4, 8), dtype=np.int64)
+    tasks[:, 0] = [T_QKV, T_ATTN, T_GU, T_DOWN]
+    tasks[:, 4] = [0, 0, 64, 128]
+    tab, lo = ring_chunks(tasks, np.array([0, 3, 4]), H=256, I=320, QS=256, block_k=128, bn=bn)
+    assert lo.tolist() == [0, 6, 9]
+    assert tab[:, 0].tolist() == [0, 2, 64, 65, 66, 67, 128, 130, 132]
+    assert (tab[:, 1] & 15).tolist() == [T_QKV] * 2 + [T_GU] * 4 + [T_DOWN] * 3
+    assert (tab[:, 1] >> 4).tolist() == [128, 128, 64, 64, 64, 64, 128, 128, 64]
+    assert slot_bytes(block_k=128, bn=bn) == 8 * 128 * 2
+    assert ring_bytes(3, block_k=128, bn=bn) == 1024 + 3 * 2048
+    with pytest.raises(ConfigError, match="weight_ring"):
+        EngineConfig(weight_ring=2, block_k=64).validate(TINY)
+    with pytest.raises(ConfigError, match="weight_ring"):
+        EngineConfig(weight_ring=2, pipeline_stages=3, block_k=128).validate(TINY)
+    assert EngineConfig(weight_ring=3, block_k=128).validate(TINY).weight_ring == 3
