@@ -354,7 +354,7 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
 
 
 @triton.jit
-def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, rtab_ptr, c_lo, nch, pmax, x_ptr, g_ptr, eps, cnt_ptr,
+def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_ptr, eps, cnt_ptr,
                tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task, tasks_ptr, t_hi,
                K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
                WAIT: tl.constexpr, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr, BN_QKV: tl.constexpr,
@@ -372,8 +372,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, rtab_ptr, c_lo, nch, pmax, 
     waited = tl.zeros([], dtype=tl.int64)
     for k0 in range(0, K, BKC):
         ne = tl.minimum(BKC, K - k0)
-        pn = ring_fill(w_ptr, rtab_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, H, I, QS, BN_QKV, BN_O,
-                       BN_GU, BN_DOWN, BN_LM, BK, NS, SLOTB, UPO, VENDOR)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, NS, SLOTB, VENDOR)
         if WAIT:
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
@@ -904,7 +903,7 @@ def monokernel(
     # EngineConfig.tp_compat: O and down reduced as TPC tensor-parallel ranks reduce them (1: off)
     TPC: tl.constexpr = 1,
     # the weight ring (EngineConfig.weight_ring; kog.engine.ring): RING slots of SLOTB bytes; off by default
-    RING: tl.constexpr = 0, SLOTB: tl.constexpr = 0, ring_tab_ptr=None, ring_lo_ptr=None, gring_ptr=None,
+    RING: tl.constexpr = 0, SLOTB: tl.constexpr = 0, ring_lo_ptr=None, gring_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -934,7 +933,8 @@ def monokernel(
     stop = 0
     if RING > 0:
         # the ring is the last RING_BYTES of the launch's dynamic shared memory (the launcher adds them to
-        # Triton's own); chunk cursors count from the launch's start (kog.engine.ring)
+        # Triton's own); chunk cursors count from the launch's start; w_ptr holds the weights packed as
+        # this CTA's chunks in consumption order (kog.engine.ring)
         RING_BYTES: tl.constexpr = 1024 + RING * SLOTB
         rbase = smem_base(VENDOR) + dyn_smem_size(VENDOR) - RING_BYTES
         ring_init(rbase, RING, VENDOR)
@@ -942,8 +942,7 @@ def monokernel(
         nch = tl.load(ring_lo_ptr + cta + 1) - c_lo
         pmax = n_tokens * nch
         cn = nch * 0         # chunks consumed (an int32 tensor: loop-carried)
-        pn = ring_fill(w_ptr, ring_tab_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, H, I, QS, BN_QKV, BN_O,
-                       BN_GU, BN_DOWN, BN_LM, BK, RING, SLOTB, I * H, VENDOR)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, RING, SLOTB, VENDOR)
     if ROWPF:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
@@ -1030,7 +1029,7 @@ def monokernel(
                     # always-ready dummy counters
                     if RING > 0:
                         acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
-                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
@@ -1088,7 +1087,7 @@ def monokernel(
                     rows = tile * BN_O + tl.arange(0, BN_O)
                     if RING > 0:
                         acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
-                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
@@ -1109,7 +1108,7 @@ def monokernel(
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
                     if RING > 0:
                         ag, au, waited, rb, rm, cn, pn = _gemv_ring(
-                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
@@ -1129,7 +1128,7 @@ def monokernel(
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
                     if RING > 0:
                         acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
-                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
@@ -1150,7 +1149,7 @@ def monokernel(
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
                     if RING > 0:
                         acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
-                            rbase, gring_ptr, cta, cn, pn, w_ptr, ring_tab_ptr, c_lo, nch, pmax,
+                            rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,

@@ -188,20 +188,26 @@ class Monokernel:
                                  dtype=torch.int64, device=dev)
 
     def _ring_tables(self, tasks: np.ndarray) -> None:
-        """The weight ring's chunk table and per-CTA ranges (kog.engine.ring), and the interpreter's stand-in
-        for the shared-memory slots."""
+        """Weight ring (kog.engine.ring): the GEMV weights repacked as each CTA's chunks in consumption order
+        (they replace the task-order buffer: the ring path reads nothing else), each CTA's first chunk, and
+        the interpreter's global-memory stand-in for the shared-memory slots."""
         from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-        from kog.engine.ring import ring_bytes, ring_chunks, slot_bytes
+        from kog.engine.ring import pack_ring_weights, ring_bytes, ring_order, slot_bytes
         e, cfg = self.ecfg, self.cfg
         self.ring_extra_smem = 0
         if not e.weight_ring:
             return
+        if self.vendor != INTERPRET and self.wbuf.element_size() != 2:
+            raise ConfigError("weight_ring streams 16-bit weights (bf16 / fp16)")
         bn = {T_QKV: e.bn_qkv, T_O: e.bn_o, T_GU: e.bn_gate_up, T_DOWN: e.bn_down, T_LM: e.bn_lm}
-        tab, lo = ring_chunks(tasks, self.plan.cta_start, H=cfg.hidden_size, I=cfg.intermediate_size,
-                              QS=cfg.q_size, block_k=e.block_k, bn=bn)
-        i32 = dict(dtype=torch.int32, device=self.device)
-        self.ring_tab = torch.tensor(tab if tab.size else np.zeros((1, 2), np.int32), **i32)
-        self.ring_lo = torch.tensor(lo, **i32)
+        H, I = cfg.hidden_size, cfg.intermediate_size
+        tiles = {T_QKV: cfg.qkv_size // e.bn_qkv, T_O: H // e.bn_o, T_GU: I // e.bn_gate_up,
+                 T_DOWN: H // e.bn_down, T_LM: cfg.vocab_size // e.bn_lm}
+        order, lo = ring_order(tasks, self.plan.cta_start, num_layers=cfg.num_layers, n_tiles=tiles, H=H, I=I,
+                               QS=cfg.q_size, block_k=e.block_k, bn=bn)
+        self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
+        self.wbuf = pack_ring_weights(self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn).to(self.device)
+        self.ring_lo = torch.tensor(lo.astype(np.int32), dtype=torch.int32, device=self.device)
         self.slot_bytes = slot_bytes(block_k=e.block_k, bn=bn)
         self.ring_extra_smem = ring_bytes(e.weight_ring, block_k=e.block_k, bn=bn)
         n = self.plan.grid * e.weight_ring * self.slot_bytes // 2 if self.vendor == INTERPRET else 1
@@ -312,8 +318,8 @@ class Monokernel:
         if e.tp_compat > 1:
             meta.update(TPC=int(e.tp_compat))
         if e.weight_ring:
-            meta.update(RING=int(e.weight_ring), SLOTB=int(self.slot_bytes), ring_tab_ptr=self.ring_tab,
-                        ring_lo_ptr=self.ring_lo, gring_ptr=self.gring)
+            meta.update(RING=int(e.weight_ring), SLOTB=int(self.slot_bytes), ring_lo_ptr=self.ring_lo,
+                        gring_ptr=self.gring)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)

@@ -131,8 +131,8 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
         from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
         from kog.engine.ring import slot_bytes
         bn = {T_QKV: e.bn_qkv, T_O: e.bn_o, T_GU: e.bn_gate_up, T_DOWN: e.bn_down, T_LM: e.bn_lm}
-        meta.update(RING=int(e.weight_ring), SLOTB=slot_bytes(block_k=e.block_k, bn=bn), ring_tab_ptr=T(i32),
-                    ring_lo_ptr=T(i32), gring_ptr=T(dt))
+        meta.update(RING=int(e.weight_ring), SLOTB=slot_bytes(block_k=e.block_k, bn=bn), ring_lo_ptr=T(i32),
+                    gring_ptr=T(dt))
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
     if vendor != 0:

@@ -10,10 +10,12 @@ With the ring, `slots` chunks are always requested ahead, without registers (the
 memory), so the HBM stream keeps flowing while the CTA reduces, stores, waits for an input or for the next
 token. Registers hold a chunk only while it is multiplied.
 
-Planning (Python, here): `ring_chunks` lists, per CTA, the chunks of its GEMV tasks in the order the kernel
-consumes them: a chunk is the [bn, bk] slice of a task's row tile at one K step (gate_up: its gate and up
-slices together, [2 bn, bk / 2]). Each is two int32: the slice's first weight element / 64, and
-type | elements per row << 4 (the last K step of a row may be shorter). Execution (Triton, below): the
+Planning (Python, here): a chunk is the [bn, bk] slice of a task's row tile at one K step (gate_up: its gate
+and up slices together, [2 bn, bk / 2]), zero-padded to one slot. `ring_order` lists, per CTA, its chunks in
+the order the kernel consumes them; `pack_ring_weights` writes the weights in exactly that order, so CTA c's
+chunk i is ONE contiguous slot-sized block at (lo[c] + i) * slot: one bulk copy per chunk (copies of 1-4 KB
+row pieces measured slower: bench/h200/ENGINE_NOTES.md) and no table to read on the way. The streamed
+bytes are the checkpoint's, only reordered. Execution (Triton, below): the
 producer cursor `pn` and the consumer cursor `cn` count chunks since the launch began; chunk n lives in slot
 n % slots and completes the (n // slots)-th phase of that slot's mbarrier. The consumer waits on the mbarrier,
 reads the words out of shared memory, and before each refill a CTA barrier proves every thread is done with
@@ -30,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-from kog.engine.vendor import bulk_copy, bulk_expect, ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait
+from kog.engine.vendor import ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy
 
 BAR_BYTES = tl.constexpr(1024)   # the slots' mbarriers (8 bytes each) at the ring's start; slots follow
 
@@ -43,9 +45,13 @@ def chunk_shape(typ: int, *, H: int, I: int, QS: int, block_k: int, bn: dict[int
     return K, bkc, rows
 
 
+def slot_elems(*, block_k: int, bn: dict[int, int]) -> int:
+    """Elements of one slot (and of one chunk in the packed weights): the largest chunk of any phase."""
+    return max(max(bn[t] for t in (T_QKV, T_O, T_DOWN, T_LM)) * block_k, bn[T_GU] * block_k)
+
+
 def slot_bytes(*, block_k: int, bn: dict[int, int], elem: int = 2) -> int:
-    """Bytes of one slot: the largest chunk of any phase (gate_up: gate + up rows at block_k / 2)."""
-    return max(max(bn[t] for t in (T_QKV, T_O, T_DOWN, T_LM)) * block_k, bn[T_GU] * block_k) * elem
+    return slot_elems(block_k=block_k, bn=bn) * elem
 
 
 def ring_bytes(slots: int, *, block_k: int, bn: dict[int, int], elem: int = 2) -> int:
@@ -53,25 +59,78 @@ def ring_bytes(slots: int, *, block_k: int, bn: dict[int, int], elem: int = 2) -
     return BAR_BYTES.value + slots * slot_bytes(block_k=block_k, bn=bn, elem=elem) if slots else 0
 
 
-def ring_chunks(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int, QS: int, block_k: int,
-                bn: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk table [n, 2] int32, per-CTA first chunk [grid + 1] int32) for the monokernel's task table
-    `tasks` ([T, 8]: type, layer, tile, aux, weight offset / 64, ...), in each CTA's consumption order."""
-    rows, lo = [], [0]
+def _nkc(typ: int, dims: dict, block_k: int, bn: dict[int, int]) -> int:
+    K, bkc, _ = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
+    return -(-K // bkc)
+
+
+def natural_bases(num_layers: int, n_tiles: dict[int, int], dims: dict, block_k: int,
+                  bn: dict[int, int]) -> dict[tuple[int, int], int]:
+    """First natural chunk index of each (layer, type) matrix: layers in order, qkv, o, gate_up, down within
+    a layer, then the LM head (layer = num_layers); inside a matrix, tile-major then K step."""
+    base, n = {}, 0
+    for layer in range(num_layers):
+        for typ in (T_QKV, T_O, T_GU, T_DOWN):
+            base[(layer, typ)] = n
+            n += n_tiles[typ] * _nkc(typ, dims, block_k, bn)
+    base[(num_layers, T_LM)] = n
+    return base
+
+
+def ring_order(tasks: np.ndarray, cta_start: np.ndarray, *, num_layers: int, n_tiles: dict[int, int],
+               H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(natural chunk index of every chunk in consumption order, first chunk of each CTA [grid + 1]) for the
+    monokernel's task table `tasks` ([T, >= 3]: type, layer, tile, ...)."""
+    dims = dict(H=H, I=I, QS=QS)
+    base = natural_bases(num_layers, n_tiles, dims, block_k, bn)
+    order, lo = [], [0]
     for c in range(len(cta_start) - 1):
         for ti in range(int(cta_start[c]), int(cta_start[c + 1])):
-            typ = int(tasks[ti, 0])
+            typ, layer, tile = (int(x) for x in tasks[ti, :3])
             if typ not in (T_QKV, T_O, T_GU, T_DOWN, T_LM):
                 continue
-            K, bkc, _ = chunk_shape(typ, H=H, I=I, QS=QS, block_k=block_k, bn=bn)
-            w0 = int(tasks[ti, 4]) * 64
-            for k0 in range(0, K, bkc):
-                assert (w0 + k0) % 64 == 0, "ring chunks start 128-byte aligned (block_k >= 128)"
-                rows.append(((w0 + k0) // 64, typ | (min(bkc, K - k0) << 4)))
-        lo.append(len(rows))
-    tab = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
-    assert tab.size == 0 or tab[:, 0].max() < 2 ** 31, "weight offsets / 64 must fit in int32"
-    return tab.astype(np.int32), np.asarray(lo, dtype=np.int32)
+            nk = _nkc(typ, dims, block_k, bn)
+            order.extend(range(base[(layer, typ)] + tile * nk, base[(layer, typ)] + (tile + 1) * nk))
+        lo.append(len(order))
+    return np.asarray(order, dtype=np.int64), np.asarray(lo, dtype=np.int64)
+
+
+def _matrix_chunks(w, bn: int, bkc: int, slot: int, up=None):
+    """[tiles * K steps, slot] chunks of W ([N, K], zero-padded to whole K steps): tile-major, then K step;
+    each chunk is the tile's bn rows x bkc columns (then up's, for gate_up), padded to one slot."""
+    import torch
+    N, K = w.shape
+    pad = (-K) % bkc
+    mats = [w] if up is None else [w, up]
+    parts = []
+    for m in mats:
+        if pad:
+            m = torch.nn.functional.pad(m, (0, pad))
+        nk = m.shape[1] // bkc
+        parts.append(m.reshape(N // bn, bn, nk, bkc).permute(0, 2, 1, 3))   # [tiles, nk, bn, bkc]
+    c = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    c = c.reshape(c.shape[0] * c.shape[1], -1)
+    if c.shape[1] < slot:
+        c = torch.nn.functional.pad(c, (0, slot - c.shape[1]))
+    return c
+
+
+def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: int, bn: dict[int, int]):
+    """The GEMV weights as consecutive slot-sized chunks in consumption order (ring_order): chunk i of the
+    result is natural chunk order[i]. Same bytes as the checkpoint's matrices, reordered (and padded)."""
+    import torch
+    slot = slot_elems(block_k=block_k, bn=bn)
+    nat = []
+    for layer in range(num_layers):
+        L = weights.layer(layer)
+        nat.append(_matrix_chunks(L["wqkv"], bn[T_QKV], block_k, slot))
+        nat.append(_matrix_chunks(L["wo"], bn[T_O], block_k, slot))
+        nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], block_k // 2, slot, up=L["w_up"]))
+        nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], block_k, slot))
+    nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], block_k, slot))
+    nat = torch.cat(nat, 0)
+    idx = torch.as_tensor(order, device=nat.device)
+    return nat.index_select(0, idx).reshape(-1)
 
 
 # ---- execution ---------------------------------------------------------------------------------------------
@@ -91,44 +150,22 @@ def ring_init(rbase, NS: tl.constexpr, VENDOR: tl.constexpr):
 
 
 @triton.jit
-def ring_fill(w_ptr, tab_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, H: tl.constexpr, I: tl.constexpr,
-              QS: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
-              BN_DOWN: tl.constexpr, BN_LM: tl.constexpr, BK: tl.constexpr, NS: tl.constexpr,
-              SLOTB: tl.constexpr, UPO: tl.constexpr, VENDOR: tl.constexpr):
+def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, NS: tl.constexpr, SLOTB: tl.constexpr,
+              VENDOR: tl.constexpr):
     """Request chunks until NS are outstanding beyond the consumer (cn) or the launch's last chunk (pmax) is
-    requested; returns the producer cursor. Callers have consumed chunks < cn completely: the CTA barrier
-    first makes every thread's reads of those slots happen-before their refill."""
+    requested; returns the producer cursor. Chunk n is CTA-local chunk n % nch of the packed weights (one
+    slot-sized block). Callers have consumed chunks < cn completely: the CTA barrier first makes every
+    thread's reads of those slots happen-before their refill."""
+    SLOTE: tl.constexpr = SLOTB // 2
     tl.debug_barrier()
     while (pn < cn + NS) & (pn < pmax):
-        e = tab_ptr + (c_lo + pn % nch) * 2
-        src = w_ptr + tl.load(e).to(tl.int64) * 64
-        d = tl.load(e + 1)
-        typ = d & 15
-        ne = d >> 4                                           # elements per row in this chunk
-        K = tl.where(typ == 2, QS, tl.where(typ == 4, I, H))
-        bnr = tl.where(typ == 0, BN_QKV, tl.where(typ == 2, BN_O, tl.where(typ == 3, BN_GU,
-                                                                             tl.where(typ == 4, BN_DOWN, BN_LM))))
-        bkc = tl.where(typ == 3, BK // 2, BK)
-        parts = tl.where(typ == 3, 2, 1)                      # gate_up: gate rows, then up rows (UPO further)
+        src = w_ptr + (c_lo + pn % nch).to(tl.int64) * SLOTE
         slot = pn % NS
         if VENDOR == 1:
-            bar = rbase + slot * 8
-            dst = _slot_addr(rbase, slot, SLOTB)
-            bulk_expect(bar, parts * bnr * ne * 2, VENDOR)
-            if bkc == K:     # whole rows: each part's rows are one contiguous span
-                for p in range(0, parts):
-                    bulk_copy(dst + p * bnr * bkc * 2, src + p * UPO, bnr * K * 2, bar, VENDOR)
-            else:
-                for r in range(0, parts * bnr):
-                    p = r // bnr
-                    bulk_copy(dst + r * bkc * 2, src + p * UPO + (r - p * bnr) * K, ne * 2, bar, VENDOR)
+            ring_copy(_slot_addr(rbase, slot, SLOTB), src, SLOTB, rbase + slot * 8, VENDOR)
         else:                # interpreter: the same slot in a global-memory ring, copied at once
-            cols = tl.arange(0, BK)
-            dstg = gring_ptr + (cta * NS + slot) * (SLOTB // 2)
-            for r in range(0, parts * bnr):
-                p = r // bnr
-                v = tl.load(src + p * UPO + (r - p * bnr) * K + cols, mask=cols < ne, other=0.0)
-                tl.store(dstg + r * bkc + cols, v, mask=cols < ne)
+            e = tl.arange(0, SLOTE)
+            tl.store(gring_ptr + (cta * NS + slot) * SLOTE + e, tl.load(src + e))
         pn += 1
     return pn
 
@@ -157,7 +194,7 @@ def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: t
     a row holds elements 2j (low half) and 2j + 1 (high half). Columns >= ne (a short last chunk) read 0."""
     rn = tl.arange(0, BN)
     rj = tl.arange(0, BKC // 2)
-    ok = (2 * rj < ne)[None, :]
+    ok = (2 * rj < ne)[None, :]      # (the packed chunk's padding is zeros; masked anyway: NaN * 0 is NaN)
     slot = cn % NS
     if VENDOR == 1:
         a = _slot_addr(rbase, slot, SLOTB) + dep + ((row0 + rn) * (BKC * 2))[:, None] + (rj * 4)[None, :]

@@ -188,32 +188,32 @@ def mbar_init_fence(VENDOR: tl.constexpr):
                                   "mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
-def bulk_expect(bar, nbytes, VENDOR: tl.constexpr):
-    """Thread 0: order this CTA's earlier generic-proxy reads of the slot before the async writes about to
-    refill it (fence.proxy.async), then arrive on the slot's mbarrier expecting nbytes of copies."""
-    if VENDOR == 1:
-        tl.inline_asm_elementwise(
-            "{\n.reg .pred %ep;\n.reg .u32 %et;\n.reg .b64 %es;\nmov.u32 %et, %tid.x;\nsetp.eq.u32 %ep, %et, 0;\n"
-            "@%ep fence.proxy.async.shared::cta;\n"
-            "@%ep mbarrier.arrive.expect_tx.shared::cta.b64 %es, [$1], $2;\nmov.u32 $0, 0;\n}",
-            "=r,r,r", [bar, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+# Thread 0 refills one slot: fence.proxy.async orders the CTA's earlier generic-proxy reads of the slot (made
+# complete by the caller's bar.sync) before the copy engine's writes; arrive.expect_tx on the slot's mbarrier
+# announces $3 bytes; cp.async.bulk copies them from global $2 to shared $1 and completes them on mbarrier $4.
+# L2 evict_first: each weight is read once per token, so it should not push the activations, counters and
+# tables every task re-reads out of L2 (as the per-task kernel's evict_first loads).
+RING_COPY_PTX = tl.constexpr(
+    "{\n.reg .pred %cp;\n.reg .u32 %ct;\n.reg .b64 %cs, %cq;\nmov.u32 $0, 0;\nmov.u32 %ct, %tid.x;\n"
+    "setp.ne.u32 %cp, %ct, 0;\n@%cp bra C_END;\n"
+    "createpolicy.fractional.L2::evict_first.b64 %cq, 1.0;\n"
+    "fence.proxy.async.shared::cta;\n"
+    "mbarrier.arrive.expect_tx.shared::cta.b64 %cs, [$4], $3;\n"
+    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [$1], [$2], $3, [$4], %cq;\n"
+    "C_END:\n}")
 
 
 @triton.jit
-def bulk_copy(dst, src, nbytes, bar, VENDOR: tl.constexpr):
-    """Thread 0: copy nbytes (a multiple of 16; both ends 16-byte aligned) from global `src` to shared `dst`,
-    completing on mbarrier `bar` (cp.async.bulk: the copy engine moves it; no thread waits)."""
+def ring_copy(dst, src, nbytes, bar, VENDOR: tl.constexpr):
+    """Thread 0: one bulk copy of nbytes (a multiple of 16, both ends 16-byte aligned) from global `src` into
+    the shared slot `dst`, completing on the slot's mbarrier `bar` (RING_COPY_PTX). NVIDIA sm_90 only."""
     if VENDOR == 1:
-        tl.inline_asm_elementwise(
-            "{\n.reg .pred %cp;\n.reg .u32 %ct;\nmov.u32 %ct, %tid.x;\nsetp.eq.u32 %cp, %ct, 0;\n"
-            "@%cp cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$1], [$2], $3, [$4];\n"
-            "mov.u32 $0, 0;\n}",
-            "=r,r,l,r,r", [dst, src, nbytes, bar], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(RING_COPY_PTX, "=r,r,l,r,r", [dst, src, nbytes, bar], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
-# Wait (bounded: $3 polls) until the mbarrier at $2 has completed the phase of parity $3... ($2 bar, $3 parity,
-# $4 max polls). $0 = 1 if it timed out, $1 = an opaque 0 for the reads of the slot (keeps them below the wait).
+# Wait (bounded: at most $4 polls) until the mbarrier at $2 has completed its phase of parity $3.
+# $0 = 1 if it timed out, $1 = an opaque 0 for the reads of the slot (keeps them below the wait).
 MBAR_WAIT_PTX = tl.constexpr(
     "{\n.reg .pred %mp;\n.reg .u32 %mn;\nmov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 %mn, 0;\n"
     "M_POLL:\nmbarrier.try_wait.parity.shared::cta.b64 %mp, [$2], $3;\n@%mp bra M_END;\n"

@@ -210,22 +210,36 @@ def test_weight_ring_matches_reference(mode, slots):
     assert got == ref and err < 1e-4
 
 
-def test_weight_ring_chunk_table_and_validation():
+def test_weight_ring_order_packing_and_validation():
+    """ring_order lists each CTA's chunks in consumption order (attention tasks have none); the packed weights
+    hold natural chunk order[i] at slot i: the tile's rows x one K step (gate_up: gate rows then up rows),
+    zero-padded to whole K steps and to one slot."""
     from kog.engine.plan import T_ATTN, T_DOWN, T_GU, T_LM, T_O, T_QKV
-    from kog.engine.ring import ring_bytes, ring_chunks, slot_bytes
-    bn = {T_QKV: 8, T_O: 8, T_GU: 8, T_DOWN: 8, T_LM: 8}
-    # CTA 0: qkv (K=256, 2 chunks of 128), attention (no chunks), gate_up (gate+up at 64 columns: 4 chunks);
-    # CTA 1: down (K=320: 128, 128, then a 64-column tail)
-    tasks = np.zeros((4, 8), dtype=np.int64)
-    tasks[:, 0] = [T_QKV, T_ATTN, T_GU, T_DOWN]
-    tasks[:, 4] = [0, 0, 64, 128]
-    tab, lo = ring_chunks(tasks, np.array([0, 3, 4]), H=256, I=320, QS=256, block_k=128, bn=bn)
-    assert lo.tolist() == [0, 6, 9]
-    assert tab[:, 0].tolist() == [0, 2, 64, 65, 66, 67, 128, 130, 132]
-    assert (tab[:, 1] & 15).tolist() == [T_QKV] * 2 + [T_GU] * 4 + [T_DOWN] * 3
-    assert (tab[:, 1] >> 4).tolist() == [128, 128, 64, 64, 64, 64, 128, 128, 64]
-    assert slot_bytes(block_k=128, bn=bn) == 8 * 128 * 2
-    assert ring_bytes(3, block_k=128, bn=bn) == 1024 + 3 * 2048
+    from kog.engine.ring import natural_bases, pack_ring_weights, ring_bytes, ring_order, slot_elems
+    cfg = TINY.replace(intermediate_size=320)          # down: K = 320 = 128 + 128 + a 64-column tail
+    w = random_weights(cfg, "cpu", seed=1)
+    bn = {T_QKV: 8, T_O: 8, T_GU: 8, T_DOWN: 8, T_LM: 64}
+    H, I, QS = cfg.hidden_size, cfg.intermediate_size, cfg.q_size
+    tiles = {T_QKV: cfg.qkv_size // 8, T_O: H // 8, T_GU: I // 8, T_DOWN: H // 8, T_LM: cfg.vocab_size // 64}
+    tasks = np.array([[T_QKV, 1, 3], [T_ATTN, 1, 0], [T_GU, 0, 5], [T_DOWN, 1, 2], [T_LM, 2, 1]])
+    order, lo = ring_order(tasks, np.array([0, 3, 5]), num_layers=2, n_tiles=tiles, H=H, I=I, QS=QS, block_k=128,
+                           bn=bn)
+    base = natural_bases(2, tiles, dict(H=H, I=I, QS=QS), 128, bn)
+    assert lo.tolist() == [0, 2, 6]
+    assert order.tolist() == [base[(1, T_QKV)] + 3, base[(0, T_GU)] + 5, base[(1, T_DOWN)] + 6,
+                              base[(1, T_DOWN)] + 7, base[(1, T_DOWN)] + 8, base[(2, T_LM)] + 1]
+    slot = slot_elems(block_k=128, bn=bn)
+    assert slot == 64 * 128
+    packed = pack_ring_weights(w, 2, order, block_k=128, bn=bn).view(len(order), slot)
+    L0, L1 = w.layer(0), w.layer(1)
+    q = packed[0, :8 * 128].view(8, 128)                                       # K = 64 < 128: padded rows
+    assert torch.equal(q[:, :64], L1["wqkv"][24:32]) and not q[:, 64:].any() and not packed[0, 8 * 128:].any()
+    gu = torch.cat([L0["w_gate"][40:48], L0["w_up"][40:48]])                    # bk / 2 = 64 = H
+    assert torch.equal(packed[1, :16 * 64], gu.reshape(-1))
+    assert torch.equal(packed[4, :8 * 128].view(8, 128)[:, :64], L1["w_down"][16:24, 256:])   # the tail
+    assert not packed[4, :8 * 128].view(8, 128)[:, 64:].any()
+    assert torch.equal(packed[5].view(64, 128)[:, :64], w["lm_head"][64:128])
+    assert ring_bytes(3, block_k=128, bn=bn) == 1024 + 3 * slot * 2
     with pytest.raises(ConfigError, match="weight_ring"):
         EngineConfig(weight_ring=2, block_k=64).validate(TINY)
     with pytest.raises(ConfigError, match="weight_ring"):

@@ -1,5 +1,5 @@
 """The weight ring (EngineConfig.weight_ring: shared-memory slots filled by cp.async.bulk) on a real GPU:
-the same tokens as the reference and teacher-forced logits within the bf16 gate, in both sync modes, for
+the reference's greedy tokens until its first near-tie and teacher-forced logits within the bf16 gate, in both sync modes, for
 llama / qwen2 (bias, K not a multiple of the chunk) / qwen3 shapes; and a ring the SMs cannot hold is a
 clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for the CPU suite)."""
 from __future__ import annotations
@@ -45,7 +45,12 @@ for name, cfg in variants.items():
             mk.n_eos = 0
             toks, _ = mk.generate(prompt, 20)
             ml = mk.teacher_forced_logits(prompt, ref).float()
-            out[f"{name}/{mode}/ring{ring}/bk{bk}"] = {"tokens_equal": toks == ref, "rel_err": max_rel_err(ml, rl)}
+            # greedy tokens must equal the reference's until its first near-tie (top-2 gap within 2x the gate)
+            top2 = rl.topk(2, -1).values
+            gap = ((top2[:, 0] - top2[:, 1]) / rl.abs().max(-1).values).tolist()
+            lim = next((i for i, g in enumerate(gap) if g < 4e-2), len(ref))
+            out[f"{name}/{mode}/ring{ring}/bk{bk}"] = {"tokens_equal": toks[:lim] == ref[:lim], "checked": lim,
+                                                       "rel_err": max_rel_err(ml, rl)}
 try:
     Monokernel(variants["llama"], w if False else random_weights(variants["llama"], "cuda", seed=1),
                EngineConfig(weight_ring=16, block_k=2048, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8, bn_lm=8),
