@@ -123,9 +123,8 @@ class EngineConfig:
                  f"({model.intermediate_size}), as tensor parallelism over {g} GPUs does")
         need(0 <= self.weight_ring <= 16, f"weight_ring {self.weight_ring} not in 0..16")
         if self.weight_ring:
-            need(self.pipeline_stages == 0 and self.prefetch == 0 and self.blocked_prefetch == 0
-                 and self.row_prefetch == 0, "weight_ring runs without pipeline_stages, prefetch, blocked_prefetch "
-                 "and row_prefetch (the ring replaces them)")
+            need(self.pipeline_stages == 0 and self.prefetch == 0 and self.blocked_prefetch == 0,
+                 "weight_ring runs without pipeline_stages, prefetch and blocked_prefetch (the ring replaces them)")
             need(self.tp_compat == 1, "weight_ring runs with tp_compat 1")
             need(self.block_k >= 128, f"weight_ring needs block_k >= 128 (chunks start 128-byte aligned; got "
                  f"{self.block_k})")

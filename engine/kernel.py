@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kog.engine.ring import ring_drain, ring_fill, ring_init, ring_tile, ring_wait
+from kog.engine.ring import ring_dot, ring_drain, ring_fill, ring_init, ring_tile, ring_wait
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
 from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
                                wait_counters)
@@ -329,25 +329,31 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
 
 
 @triton.jit
+def _sum3(v):
+    return tl.sum(tl.sum(tl.sum(v, axis=0), axis=0), axis=0)
+
+
+@triton.jit
 def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr,
              DT: tl.constexpr):
-    """x[k0 + 2j] and x[k0 + 2j + 1] (j < BKC / 2, columns >= ne read 0) to meet a ring chunk's word pairs,
-    times the RMSNorm weight when NORM: normalized first, exactly as HF, when one chunk spans K (K <= BKC);
-    else x * g, and ss = this chunk's sum of squares (the caller scales the dot product, as _gemv)."""
-    rj = tl.arange(0, BKC // 2)
-    ok = 2 * rj < ne
-    xl = tl.load(x_ptr + k0 + 2 * rj, mask=ok, other=0.0)
-    xh = tl.load(x_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+    """x[k0 + 2j] and x[k0 + 2j + 1] as [BKC // 64, 1, 32] (j = 32 a + c; columns >= ne read 0) to meet a ring
+    chunk's word pairs (kog.engine.ring.ring_tile), times the RMSNorm weight when NORM: normalized first,
+    exactly as HF, when one chunk spans K (K <= BKC); else x * g, and ss = this chunk's sum of squares (the
+    caller scales the dot product, as _gemv)."""
+    j = tl.arange(0, BKC // 64)[:, None, None] * 32 + tl.arange(0, 32)[None, None, :]
+    ok = 2 * j < ne
+    xl = tl.load(x_ptr + k0 + 2 * j, mask=ok, other=0.0)
+    xh = tl.load(x_ptr + k0 + 2 * j + 1, mask=ok, other=0.0)
     ss = 0.0
     if NORM:
-        gl = tl.load(g_ptr + k0 + 2 * rj, mask=ok, other=0.0)
-        gh = tl.load(g_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+        gl = tl.load(g_ptr + k0 + 2 * j, mask=ok, other=0.0)
+        gh = tl.load(g_ptr + k0 + 2 * j + 1, mask=ok, other=0.0)
         if K <= BKC:
-            r = 1.0 / tl.sqrt((tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)) / K + eps)
+            r = 1.0 / tl.sqrt((_sum3(xl * xl) + _sum3(xh * xh)) / K + eps)
             xl = _rnd(_rnd(xl * r, DT) * gl, DT)
             xh = _rnd(_rnd(xh * r, DT) * gh, DT)
         else:
-            ss = tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)
+            ss = _sum3(xl * xl) + _sum3(xh * xh)
             xl = xl * gl
             xh = xh * gh
     return xl, xh, ss
@@ -380,10 +386,10 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
         ss += s2
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
         lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
-        acc += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
+        acc += ring_dot(lo, hi, xl, xh)
         if GU:
             lo, hi = ring_tile(rbase, gring_ptr, cta, cn, BN, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
-            acc2 += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
+            acc2 += ring_dot(lo, hi, xl, xh)
         cn += 1
     if NORM:
         if K > BKC:
