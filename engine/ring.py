@@ -188,16 +188,16 @@ def ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS: tl.constexpr, VE
 
 
 @triton.jit
-def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: tl.constexpr, NS: tl.constexpr,
-              SLOTB: tl.constexpr, DT: tl.constexpr, VENDOR: tl.constexpr):
-    """Rows [row0, row0 + BN) of chunk cn's slot as float32 (even, odd) column pairs, shaped [BKC // 64, BN, 32]:
-    word j = 32 a + c of a row (lane c, register a) holds elements 2j (low half) and 2j + 1 (high half).
-    The shape is chosen for the reduction: Triton lays it out with the 4 warps on rows, 32 lanes on
-    consecutive words (conflict-free shared loads), so a row's dot product is a sum in registers plus 5
-    warp shuffles, with no cross-warp step (a [BN, BKC // 2] tile put the warps along K: every chunk then
-    paid a shared-memory round and a CTA barrier per row, a third of all stall samples in Nsight Compute).
-    Columns >= ne (a short last chunk) read 0."""
-    ra = tl.arange(0, BKC // 64)[:, None, None]
+def ring_tile(rbase, gring_ptr, cta, cn, row0, a0, ne, dep, BN: tl.constexpr, BKC: tl.constexpr,
+              SUB: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, DT: tl.constexpr, VENDOR: tl.constexpr):
+    """Words j = 32 a + c (a in [a0, a0 + SUB), lane c) of rows [row0, row0 + BN) of chunk cn's slot as
+    float32 (even, odd) column pairs [SUB, BN, 32]: word j of a row holds elements 2j (low half) and 2j + 1
+    (high half). The shape is chosen for the reduction: Triton lays it out with the 4 warps on rows and the
+    32 lanes on consecutive words (conflict-free shared loads), so a row's dot product is a sum in registers
+    plus 5 warp shuffles per chunk, with no cross-warp step (a [BN, BKC // 2] tile put the warps along K:
+    every chunk then paid a shared-memory round and a CTA barrier per row, a third of all stall samples in
+    Nsight Compute). Columns >= ne (a short last chunk) read 0."""
+    ra = (a0 + tl.arange(0, SUB))[:, None, None]
     rn = tl.arange(0, BN)[None, :, None]
     rc = tl.arange(0, 32)[None, None, :]
     j = ra * 32 + rc
@@ -219,13 +219,6 @@ def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: t
         lo = tl.load(b, mask=ok, other=0.0).to(tl.float32)
         hi = tl.load(b + 1, mask=ok, other=0.0).to(tl.float32)
     return lo, hi
-
-
-@triton.jit
-def ring_dot(lo, hi, xl, xh):
-    """Per-row dot products [BN] of a ring_tile chunk with x pairs [BKC // 64, 1, 32]: registers first, then
-    lanes (the order that keeps it to 5 shuffles per row)."""
-    return tl.sum(tl.sum(lo * xl + hi * xh, axis=0), axis=1)
 
 
 @triton.jit
