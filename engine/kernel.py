@@ -32,8 +32,8 @@ import triton.language as tl
 
 from kog.engine.ring import ring_drain, ring_fill, ring_init, ring_tile, ring_wait
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import (dyn_smem_size, global_time_ns, ld_pair_f32, poll_acquire, release_counter, sm_id,
-                               smem_base, wait_counters)
+from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
+                               wait_counters)
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -329,34 +329,28 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
 
 
 @triton.jit
-def _sum3(v):
-    return tl.sum(tl.sum(tl.sum(v, axis=0), axis=0), axis=0)
-
-
-@triton.jit
-def _x_sub(x_ptr, g_ptr, k0, a0, ne, r, SUB: tl.constexpr, NORM: tl.constexpr, HF: tl.constexpr,
-           DT: tl.constexpr, VENDOR: tl.constexpr):
-    """x[k0 + 2j] and x[k0 + 2j + 1] for the ring chunk's words j = 32 a + c, a in [a0, a0 + SUB), as
-    [SUB, 1, 32] (columns >= ne read 0) to meet kog.engine.ring.ring_tile's pairs; times the RMSNorm weight
-    when NORM: normalized by r first, exactly as HF (HF: one chunk spans K), else plain x * g with the sum of
-    squares returned (the caller scales the dot product, as _gemv). Loaded through ld_pair_f32 so that the
-    tile keeps the layout ring_tile wants (warps on rows, lanes on words)."""
-    j = (a0 + tl.arange(0, SUB))[:, None, None] * 32 + tl.arange(0, 32)[None, None, :]
-    ok = 2 * j < ne
-    jc = tl.minimum(2 * j, ne - 2)          # a short last chunk re-reads its last pair (zeroed below)
-    xl, xh = ld_pair_f32(x_ptr + k0 + jc, VENDOR)
-    xl = tl.where(ok, xl, 0.0)
-    xh = tl.where(ok, xh, 0.0)
-    s = _sum3(xl * xl) + _sum3(xh * xh)
+def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr,
+             DT: tl.constexpr):
+    """x[k0 + 2j] and x[k0 + 2j + 1] (j < BKC / 2, columns >= ne read 0) to meet a ring chunk's word pairs,
+    times the RMSNorm weight when NORM: normalized first, exactly as HF, when one chunk spans K (K <= BKC);
+    else x * g, and ss = this chunk's sum of squares (the caller scales the dot product, as _gemv)."""
+    rj = tl.arange(0, BKC // 2)
+    ok = 2 * rj < ne
+    xl = tl.load(x_ptr + k0 + 2 * rj, mask=ok, other=0.0)
+    xh = tl.load(x_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+    ss = 0.0
     if NORM:
-        gl, gh = ld_pair_f32(g_ptr + k0 + jc, VENDOR)
-        if HF:
+        gl = tl.load(g_ptr + k0 + 2 * rj, mask=ok, other=0.0)
+        gh = tl.load(g_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+        if K <= BKC:
+            r = 1.0 / tl.sqrt((tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)) / K + eps)
             xl = _rnd(_rnd(xl * r, DT) * gl, DT)
             xh = _rnd(_rnd(xh * r, DT) * gh, DT)
         else:
+            ss = tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)
             xl = xl * gl
             xh = xh * gh
-    return xl, xh, s
+    return xl, xh, ss
 
 
 @triton.jit
@@ -369,13 +363,9 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                VENDOR: tl.constexpr):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
-    wait for the input's counters, wait for the chunk, multiply it in sub-blocks of SUB x 32 words per row
-    (registers: a whole 2048-column chunk at once spilled), lane partials reduced once per chunk. Returns
-    (acc, acc2 (GU: the up rows), waited, rb, rm, cn, pn)."""
+    wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
+    waited, rb, rm, cn, pn)."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
-    KA: tl.constexpr = BKC // 64
-    SUB: tl.constexpr = 8 if KA > 8 else KA
-    HF: tl.constexpr = NORM and (K <= BKC)
     acc = tl.zeros([BN], dtype=tl.float32)
     acc2 = tl.zeros([BN], dtype=tl.float32)
     ss = 0.0
@@ -386,27 +376,14 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
         if WAIT:
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
-        r = 1.0
-        if HF:           # HF normalizes x before the product: the whole chunk's sum of squares first
-            sq = 0.0
-            for a0 in range(0, KA, SUB):
-                xl, xh, s = _x_sub(x_ptr, g_ptr, k0, a0, ne, 1.0, SUB, False, False, DT, VENDOR)
-                sq += s
-            r = 1.0 / tl.sqrt(sq / K + eps)
+        xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
+        ss += s2
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
-        part = tl.zeros([BN, 32], dtype=tl.float32)
-        part2 = tl.zeros([BN, 32], dtype=tl.float32)
-        for a0 in range(0, KA, SUB):
-            xl, xh, s = _x_sub(x_ptr, g_ptr, k0, a0, ne, r, SUB, NORM, HF, DT, VENDOR)
-            ss += s
-            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, a0, ne, dep, BN, BKC, SUB, NS, SLOTB, DT, VENDOR)
-            part += tl.sum(lo * xl + hi * xh, axis=0)
-            if GU:
-                lo, hi = ring_tile(rbase, gring_ptr, cta, cn, BN, a0, ne, dep, BN, BKC, SUB, NS, SLOTB, DT, VENDOR)
-                part2 += tl.sum(lo * xl + hi * xh, axis=0)
-        acc += tl.sum(part, axis=1)
+        lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
+        acc += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
         if GU:
-            acc2 += tl.sum(part2, axis=1)
+            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, BN, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
+            acc2 += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
         cn += 1
     if NORM:
         if K > BKC:

@@ -188,23 +188,16 @@ def ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS: tl.constexpr, VE
 
 
 @triton.jit
-def ring_tile(rbase, gring_ptr, cta, cn, row0, a0, ne, dep, BN: tl.constexpr, BKC: tl.constexpr,
-              SUB: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, DT: tl.constexpr, VENDOR: tl.constexpr):
-    """Words j = 32 a + c (a in [a0, a0 + SUB), lane c) of rows [row0, row0 + BN) of chunk cn's slot as
-    float32 (even, odd) column pairs [SUB, BN, 32]: word j of a row holds elements 2j (low half) and 2j + 1
-    (high half). The shape is chosen for the reduction: Triton lays it out with the 4 warps on rows and the
-    32 lanes on consecutive words (conflict-free shared loads), so a row's dot product is a sum in registers
-    plus 5 warp shuffles per chunk, with no cross-warp step (a [BN, BKC // 2] tile put the warps along K:
-    every chunk then paid a shared-memory round and a CTA barrier per row, a third of all stall samples in
-    Nsight Compute). Columns >= ne (a short last chunk) read 0."""
-    ra = (a0 + tl.arange(0, SUB))[:, None, None]
-    rn = tl.arange(0, BN)[None, :, None]
-    rc = tl.arange(0, 32)[None, None, :]
-    j = ra * 32 + rc
-    ok = 2 * j < ne                  # (the packed chunk's padding is zeros; masked anyway: NaN * 0 is NaN)
+def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: tl.constexpr, NS: tl.constexpr,
+              SLOTB: tl.constexpr, DT: tl.constexpr, VENDOR: tl.constexpr):
+    """Rows [row0, row0 + BN) of chunk cn's slot as float32 (even, odd) column pairs [BN, BKC // 2]: word j of
+    a row holds elements 2j (low half) and 2j + 1 (high half). Columns >= ne (a short last chunk) read 0."""
+    rn = tl.arange(0, BN)
+    rj = tl.arange(0, BKC // 2)
+    ok = (2 * rj < ne)[None, :]      # (the packed chunk's padding is zeros; masked anyway: NaN * 0 is NaN)
     slot = cn % NS
     if VENDOR == 1:
-        a = _slot_addr(rbase, slot, SLOTB) + dep + (row0 + rn) * (BKC * 2) + j * 4
+        a = _slot_addr(rbase, slot, SLOTB) + dep + ((row0 + rn) * (BKC * 2))[:, None] + (rj * 4)[None, :]
         w = ld_shared_b32(a, VENDOR)
         if DT == tl.bfloat16:
             lo = (w << 16).to(tl.float32, bitcast=True)
@@ -215,7 +208,7 @@ def ring_tile(rbase, gring_ptr, cta, cn, row0, a0, ne, dep, BN: tl.constexpr, BK
         lo = tl.where(ok, lo, 0.0)
         hi = tl.where(ok, hi, 0.0)
     else:
-        b = gring_ptr + (cta * NS + slot) * (SLOTB // 2) + (row0 + rn) * BKC + 2 * j
+        b = gring_ptr + (cta * NS + slot) * (SLOTB // 2) + ((row0 + rn) * BKC)[:, None] + (2 * rj)[None, :]
         lo = tl.load(b, mask=ok, other=0.0).to(tl.float32)
         hi = tl.load(b + 1, mask=ok, other=0.0).to(tl.float32)
     return lo, hi

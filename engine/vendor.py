@@ -250,16 +250,3 @@ def dyn_smem_size(VENDOR: tl.constexpr):
         n = tl.full([], 0, tl.int32)
     return n
 
-
-@triton.jit
-def ld_pair_f32(ptr, VENDOR: tl.constexpr):
-    """(ptr[0], ptr[1]) of 8-byte aligned float32 pairs, elementwise over a tensor of pointers. On NVIDIA one
-    ld.global.v2 per pair through inline asm: unlike tl.load, it leaves the tensor's layout to the caller's
-    other operands (Triton's coalescing would re-lay a stride-2 load along the wrong axis)."""
-    if VENDOR == 1:
-        a, b = tl.inline_asm_elementwise("ld.global.v2.f32 {$0, $1}, [$2];", "=r,=r,l", [ptr],
-                                         dtype=(tl.float32, tl.float32), is_pure=False, pack=1)
-    else:
-        a = tl.load(ptr)
-        b = tl.load(ptr + 1)
-    return a, b
