@@ -543,15 +543,15 @@ class KogSystem:
 
 
 def platform_default(cfg: ModelConfig, device=None) -> EngineConfig:
-    """The built-in config for this GPU: on NVIDIA sm_90+ (cp.async.bulk) the weight ring with 3 slots
-    (bench/h200/ENGINE_NOTES.md: 995 vs 919 tok/s in one run on the H200, llama-3.2-1b), elsewhere (the
-    interpreter, AMD, older NVIDIA) EngineConfig() as it is."""
+    """The built-in config for this GPU: on NVIDIA sm_90+ (cp.async.bulk) the weight ring with 3 slots and the
+    next task's row loaded during the current one (bench/h200/ENGINE_NOTES.md: 1,024 vs 920 tok/s in one run
+    on the H200, llama-3.2-1b), elsewhere (the interpreter, AMD, older NVIDIA) EngineConfig() as it is."""
     e = EngineConfig()
     try:
         import torch as _t
         if (_t.cuda.is_available() and not getattr(_t.version, "hip", None)
                 and _t.cuda.get_device_capability(device) >= (9, 0) and vendor_code() != INTERPRET):
-            return e.replace(weight_ring=3).validate(cfg)
+            return e.replace(weight_ring=3, row_prefetch=1).validate(cfg)
     except (ConfigError, RuntimeError, AssertionError):
         pass
     return e
