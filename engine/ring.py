@@ -59,6 +59,18 @@ def ring_bytes(slots: int, *, block_k: int, bn: dict[int, int], elem: int = 2) -
     return BAR_BYTES.value + slots * slot_bytes(block_k=block_k, bn=bn, elem=elem) if slots else 0
 
 
+def padded_fraction(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> float:
+    """Share of the streamed ring bytes that is padding: a K that is not a multiple of its chunk width pads
+    its last chunk to a whole slot (sheared-llama-2.7b at block_k 2048: 2560 columns stream as 4096).
+    platform_default only turns the ring on when this is 0."""
+    real = padded = 0
+    for typ in (T_QKV, T_O, T_GU, T_DOWN):
+        K, bkc, _ = chunk_shape(typ, H=H, I=I, QS=QS, block_k=block_k, bn=bn)
+        real += K
+        padded += -(-K // bkc) * bkc
+    return 1.0 - real / padded
+
+
 def _nkc(typ: int, dims: dict, block_k: int, bn: dict[int, int]) -> int:
     K, bkc, _ = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
     return -(-K // bkc)
