@@ -15,6 +15,9 @@ from typing import Any
 from kog.engine.config import ConfigError, ModelConfig
 
 SYNC_MODES = ("targeted", "grid")
+# What the engine runs by default on NVIDIA sm_90+ (kog.engine.monokernel.platform_default): the weight ring
+# with 3 slots and the next task's row read during the current one (bench/h200/ENGINE_NOTES.md, session 5)
+SM90_DEFAULT = dict(weight_ring=3, row_prefetch=1)
 MAX_ATTN_SPLITS = 64
 MAPPINGS = ("round-robin", "contiguous", "topology")
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
@@ -131,6 +134,14 @@ class EngineConfig:
             for what, K in (("hidden_size", model.hidden_size), ("q_size", model.q_size),
                             ("intermediate_size", model.intermediate_size)):
                 need(K % 8 == 0, f"weight_ring needs 16-byte weight rows: {what} {K} is not a multiple of 8")
+            # shared memory per SM on sm_90 (the only ring target): the ring (1 KiB of mbarriers + slots of the
+            # largest chunk) plus ~8 KiB of Triton's own and the driver's 1 KiB per CTA; the launcher checks
+            # the exact figure after compiling
+            slot = max(self.bn_qkv, self.bn_o, self.bn_gate_up, self.bn_down, self.bn_lm) * self.block_k * 2
+            per_cta = 1024 + self.weight_ring * slot + 9 * 1024
+            need(per_cta * self.ctas_per_sm <= 228 * 1024,
+                 f"weight_ring {self.weight_ring} does not fit: {self.ctas_per_sm} CTAs/SM x ~{per_cta // 1024} KiB "
+                 f"of shared memory each exceed the 228 KiB of an sm_90 SM")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size
@@ -153,3 +164,19 @@ class EngineConfig:
                 need(self.sync_rows % self.bn(ph) == 0,
                      f"sync_rows {self.sync_rows} is not a multiple of bn_{ph} {self.bn(ph)}")
         return self
+
+
+def sm90_default(model: ModelConfig) -> EngineConfig:
+    """The built-in config on NVIDIA sm_90+: SM90_DEFAULT, unless one of the model's K would stream padded
+    ring chunks (kog.engine.ring.padded_fraction > 0: the ring has no per-chunk sizes yet), then EngineConfig()."""
+    from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
+    from kog.engine.ring import padded_fraction
+    e = EngineConfig()
+    bn = {T_QKV: e.bn_qkv, T_O: e.bn_o, T_GU: e.bn_gate_up, T_DOWN: e.bn_down, T_LM: e.bn_lm}
+    if padded_fraction(H=model.hidden_size, I=model.intermediate_size, QS=model.q_size, block_k=e.block_k,
+                       bn=bn) > 0:
+        return e
+    try:
+        return e.replace(**SM90_DEFAULT).validate(model)
+    except ConfigError:
+        return e

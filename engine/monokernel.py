@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.engine_config import EngineConfig
+from kog.engine.engine_config import EngineConfig, sm90_default
 from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_BAR, TASK_NAMES, Plan,
                              make_plan)
 from kog.engine.sampling import sample_mode
@@ -543,24 +543,18 @@ class KogSystem:
 
 
 def platform_default(cfg: ModelConfig, device=None) -> EngineConfig:
-    """The built-in config for this GPU: on NVIDIA sm_90+ (cp.async.bulk) the weight ring with 3 slots and the
-    next task's row loaded during the current one (bench/h200/ENGINE_NOTES.md: 1,024 vs 920 tok/s in one run
-    on the H200, llama-3.2-1b) when no K needs a padded chunk (ring.padded_fraction), elsewhere (the
-    interpreter, AMD, older NVIDIA) EngineConfig() as it is."""
-    e = EngineConfig()
+    """The built-in config for this GPU: on NVIDIA sm_90+ (cp.async.bulk) engine_config.sm90_default (the
+    weight ring with 3 slots and the next task's row loaded during the current one; bench/h200/ENGINE_NOTES.md:
+    1,024 vs 920 tok/s in one run on the H200, llama-3.2-1b), elsewhere (the interpreter, AMD, older NVIDIA)
+    EngineConfig() as it is."""
     try:
         import torch as _t
         if (_t.cuda.is_available() and not getattr(_t.version, "hip", None)
                 and _t.cuda.get_device_capability(device) >= (9, 0) and vendor_code() != INTERPRET):
-            from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-            from kog.engine.ring import padded_fraction
-            bn = {t: 8 for t in (T_QKV, T_O, T_GU, T_DOWN, T_LM)}
-            if padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=e.block_k,
-                               bn=bn) == 0:
-                return e.replace(weight_ring=3, row_prefetch=1).validate(cfg)
+            return sm90_default(cfg)
     except (ConfigError, RuntimeError, AssertionError):
         pass
-    return e
+    return EngineConfig()
 
 
 def _default_config(cfg: ModelConfig, device) -> EngineConfig:

@@ -205,6 +205,8 @@ class TPMonokernel:
                               f"(only 'targeted')")
         if self.ecfg.pipeline_stages:
             raise ConfigError("engine config: pipeline_stages is not supported with tensor parallelism yet")
+        if self.ecfg.weight_ring:
+            raise ConfigError("engine config: weight_ring is not supported with tensor parallelism yet")
         if G & (G - 1):
             raise ConfigError(f"tensor-parallel degree G={G} is not a power of two (1, 2, 4, 8)")
         self.devices = tp_devices(G, devices)

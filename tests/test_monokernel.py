@@ -245,3 +245,22 @@ def test_weight_ring_order_packing_and_validation():
     with pytest.raises(ConfigError, match="weight_ring"):
         EngineConfig(weight_ring=2, pipeline_stages=3, block_k=128).validate(TINY)
     assert EngineConfig(weight_ring=3, block_k=128).validate(TINY).weight_ring == 3
+
+
+def test_weight_ring_defaults_and_shared_memory_budget():
+    """sm90_default turns the ring on only where no K pads a chunk; validate() refuses a ring the SM's
+    shared memory cannot hold for ctas_per_sm CTAs."""
+    from kog.engine.engine_config import SM90_DEFAULT, sm90_default
+    from kog.engine.ring import padded_fraction
+    assert sm90_default(PRESETS["llama-3.2-1b"]) == EngineConfig(**SM90_DEFAULT)
+    sheared = PRESETS["sheared-llama-2.7b"]
+    assert sm90_default(sheared) == EngineConfig()
+    bn = {t: 8 for t in range(6)}
+    assert padded_fraction(H=sheared.hidden_size, I=sheared.intermediate_size, QS=sheared.q_size, block_k=2048,
+                           bn=bn) == pytest.approx(0.25)
+    m = PRESETS["llama-3.2-1b"]
+    EngineConfig(weight_ring=3).validate(m)                       # 2 CTAs x ~106 KiB
+    with pytest.raises(ConfigError, match="does not fit"):
+        EngineConfig(weight_ring=3, ctas_per_sm=3).validate(m)
+    with pytest.raises(ConfigError, match="does not fit"):
+        EngineConfig(weight_ring=8).validate(m)

@@ -76,3 +76,24 @@ def test_simulated_entry_not_used_by_default(tmp_path, monkeypatch):
     assert store.best_config("NVIDIA H200", m, include_simulated=True) == EngineConfig()
     (tmp_path / "tuned.json").write_text("{corrupt")
     assert store.best_config("NVIDIA H200", m) is None
+
+
+def test_weight_ring_is_a_parameter_only_where_the_ring_runs():
+    from kog.tune.space import WEIGHT_RING_CHOICES, check_tp, ring_capable
+    from types import SimpleNamespace as NS
+    assert ring_capable(NS(vendor="nvidia", arch="sm_90")) and ring_capable(NS(vendor="nvidia", arch="sm_90a"))
+    assert not ring_capable(NS(vendor="nvidia", arch="sm_80"))
+    assert not ring_capable(NS(vendor="amd", arch="gfx942")) and not ring_capable(None)
+    m = preset("llama-3.2-1b")
+    assert build_space(m).weight_ring == (0,)
+    sp = build_space(m, ring=True)
+    assert sp.weight_ring == WEIGHT_RING_CHOICES
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(30):
+        t = study.ask()
+        seen.add(sp.suggest(t).weight_ring)
+        study.tell(t, 1.0)
+    assert seen == set(WEIGHT_RING_CHOICES)
+    with pytest.raises(Infeasible, match="weight_ring"):
+        check_tp(EngineConfig(weight_ring=3), m, 2, 64, 8, 132)

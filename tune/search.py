@@ -166,7 +166,8 @@ class Setup:
         """build_space(model, has_scan) with this search's TP choices."""
         import dataclasses
         from kog.tune.space import build_space
-        sp = build_space(self.model, self.has_scan)
+        from kog.tune.space import ring_capable
+        sp = build_space(self.model, self.has_scan, ring=self.backend == "gpu" and ring_capable(self.device))
         kw: dict[str, Any] = {"tp_degrees": tuple(self.tp_degrees)}
         if self.exchange_rows is not None:
             kw["exchange_rows"] = tuple(self.exchange_rows)
@@ -618,6 +619,10 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     d = EngineConfig()
+    from kog.engine.engine_config import sm90_default
+    from kog.tune.space import ring_capable
+    if s.backend == "gpu" and ring_capable(s.device):
+        d = sm90_default(s.model)             # what the engine runs here when nothing is stored
     try:
         check(d, s.model, s.sms, maxc)
         p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin",)}

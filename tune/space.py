@@ -31,6 +31,7 @@ WARPS_CHOICES = (2, 4, 8)
 CTAS_CHOICES = (1, 2, 3, 4, 5, 6, 8)
 SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 2048, 4096, 8192)   # 4096: the engine default
 ATTN_BLOCK_CHOICES = (32, 64, 128)
+WEIGHT_RING_CHOICES = (0, 2, 3)   # shared-memory weight ring slots (0: off); the ring needs NVIDIA sm_90
 EXCHANGE_ROWS_CHOICES = (64, 128, 256)
 MAX_TP = 8                  # GPUs of one host the TP engine is built for (G is a power of two <= 8)
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
@@ -53,6 +54,7 @@ class Space:
     prefetch: tuple[int, ...] = (0, 1, 2)        # L2 prefetch distance in tasks
     row_prefetch: tuple[int, ...] = (0, 1)       # next task's row read during the current task
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
+    weight_ring: tuple[int, ...] = (0,)          # build_space(ring=True): WEIGHT_RING_CHOICES
     tp_degrees: tuple[int, ...] = (1,)           # > 1 entry: "tp_degree" is a parameter (module docstring)
     exchange_rows: tuple[int, ...] = EXCHANGE_ROWS_CHOICES
 
@@ -71,6 +73,10 @@ class Space:
         kw["row_prefetch"] = trial.suggest_categorical("row_prefetch", list(self.row_prefetch))
         kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
         kw["attn_block"] = trial.suggest_categorical("attn_block", list(self.attn_block))
+        if len(self.weight_ring) > 1:     # a single choice (a device without the ring) samples nothing
+            kw["weight_ring"] = trial.suggest_categorical("weight_ring", list(self.weight_ring))
+        else:
+            kw["weight_ring"] = self.weight_ring[0]
         if len(self.tp_degrees) > 1:
             g = trial.suggest_categorical("tp_degree", list(self.tp_degrees))
             if g > 1:
@@ -82,13 +88,27 @@ class Space:
         return dataclasses.asdict(self)
 
 
-def build_space(model: ModelConfig, has_scan: bool = True) -> Space:
-    """The space for `model`: bn choices that divide each phase's rows; topology only with a scan."""
+def ring_capable(device) -> bool:
+    """Whether the engine's weight ring (cp.async.bulk + mbarrier) runs on `device` (a DeviceInfo): NVIDIA
+    sm_90 and newer. Fake devices count as what they pretend to be."""
+    arch = str(getattr(device, "arch", "") or "")
+    if getattr(device, "vendor", None) != "nvidia" or not arch.startswith("sm_"):
+        return False
+    try:
+        return int(arch[3:].rstrip("a")) >= 90
+    except ValueError:
+        return False
+
+
+def build_space(model: ModelConfig, has_scan: bool = True, ring: bool = False) -> Space:
+    """The space for `model`: bn choices that divide each phase's rows; topology only with a scan; the
+    weight ring's slot counts only when the device runs it (ring_capable), else weight_ring stays 0 and
+    is no parameter (studies made before it existed keep their parameters)."""
     rows = {"qkv": model.qkv_size, "o": model.hidden_size, "gate_up": model.intermediate_size,
             "down": model.hidden_size, "lm": model.vocab_size}
     bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0) or (1,) for ph in PHASES}
     maps = MAPPINGS if has_scan else tuple(m for m in MAPPINGS if m != "topology")
-    return Space(mappings=maps, bn=bn)
+    return Space(mappings=maps, bn=bn, weight_ring=WEIGHT_RING_CHOICES if ring else (0,))
 
 
 def resolve_model_config(spec: str) -> ModelConfig:
@@ -189,6 +209,8 @@ def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int |
         raise Infeasible(f"tp_degree {G} needs mode 'targeted' (the TP engine has no grid mode), not {cfg.mode!r}")
     if cfg.pipeline_stages:
         raise Infeasible(f"tp_degree {G} runs without pipeline_stages (the TP engine refuses it)")
+    if cfg.weight_ring:
+        raise Infeasible(f"tp_degree {G} runs without weight_ring (the TP engine refuses it)")
     from kog.engine.config import ConfigError
     from kog.engine.tp import shard_config
     from kog.engine.tp_monokernel import check_exchange_rows
