@@ -371,7 +371,13 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
         log = run_ptxas(ptx)
     stats = parse_ptxas_log(log, k.metadata.name)
     shared = int(k.metadata.shared or 0)
-    occ = occupancy(stats["registers"], shared, ecfg.num_warps)
+    ring = 0
+    if ecfg.weight_ring:     # the launcher adds the ring after Triton's own, 1 KiB aligned (Monokernel._add_ring_smem)
+        from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
+        from kog.engine.ring import ring_bytes
+        bn = {T_QKV: ecfg.bn_qkv, T_O: ecfg.bn_o, T_GU: ecfg.bn_gate_up, T_DOWN: ecfg.bn_down, T_LM: ecfg.bn_lm}
+        ring = -(-shared // 1024) * 1024 + ring_bytes(ecfg.weight_ring, block_k=ecfg.block_k, bn=bn) - shared
+    occ = occupancy(stats["registers"], shared + ring, ecfg.num_warps)
     rep: dict[str, Any] = {
         "model": cfg.name, "target": "cuda sm_90 (GPUTarget('cuda', 90, 32))",
         "engine_config": ecfg.to_dict(), "maxnreg": meta.get("maxnreg"), "num_warps": ecfg.num_warps,
@@ -379,6 +385,7 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
         **stats,
         "triton_n_spills": stats["stack_frame_bytes"] // 4,
         "shared_bytes": shared,
+        "ring_shared_bytes": ring,
         **occ,
         "ctas_per_sm_requested": ecfg.ctas_per_sm,
         "fits": ecfg.ctas_per_sm <= occ["ctas_per_sm_fit"],
@@ -417,7 +424,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"  registers/thread   {r['registers']}",
         f"  spill stores/loads {r['spill_store_bytes']} / {r['spill_load_bytes']} bytes",
         f"  stack frame        {r['stack_frame_bytes']} bytes (local memory; Triton n_spills {r['triton_n_spills']})",
-        f"  shared memory      {r['shared_bytes']} bytes",
+        f"  shared memory      {r['shared_bytes']} bytes"
+        + (f" + {r['ring_shared_bytes']} of weight ring" if r.get("ring_shared_bytes") else ""),
         f"  CTAs/SM that fit   {r['ctas_per_sm_fit']} (limited by {r['limited_by']}; "
         f"requested {r['ctas_per_sm_requested']}: {'fits' if r['fits'] else 'DOES NOT FIT'})",
         f"  compile            {r['compile_seconds']} s, {r['ptx_lines']} PTX lines",

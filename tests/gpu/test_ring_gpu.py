@@ -1,7 +1,8 @@
 """The weight ring (EngineConfig.weight_ring: shared-memory slots filled by cp.async.bulk) on a real GPU:
-the reference's greedy tokens until its first near-tie and teacher-forced logits within the bf16 gate, in both sync modes, for
-llama / qwen2 (bias, K not a multiple of the chunk) / qwen3 shapes; and a ring the SMs cannot hold is a
-clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for the CPU suite)."""
+the reference's greedy tokens until its first near-tie and teacher-forced logits within the bf16 gate, in
+both sync modes, for llama / qwen2 (bias, K not a multiple of the chunk) / qwen3 shapes; and a ring the SMs
+cannot hold is a clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for
+the CPU suite). Passed on the lent H200 at 40c3970 (the ring kernel of main since a484c6b)."""
 from __future__ import annotations
 
 import json
