@@ -19,6 +19,11 @@ grid (0): no counters; a global barrier after every phase (the conventional mono
 Every spin is bounded by max_spin polls; a timeout writes err = [1, counter, task, target, value] and
 raises `abort`, which ends every other spin at once: the kernel finishes (with garbage) and the host raises.
 
+Weight ring (RING constexpr = EngineConfig.weight_ring slots, kog.engine.ring; the default on NVIDIA sm_90+):
+every GEMV reads its weight chunks from shared-memory slots that thread 0 refills with bulk copies ahead of
+use (_gemv_ring), so the stream continues while the CTA reduces, stores and waits; w_ptr then holds the
+weights repacked in each CTA's consumption order. A copy that never lands is recorded as counter -4.
+
 Tensor parallelism (TP constexpr, kog.engine.tp_monokernel; off by default, and then the compiled code is the
 single-GPU kernel's, SASS byte for byte): o and down store partial sums; xpush / xred tasks (types 7, 8) move
 them between ranks through peer pointers and per-chunk flags (system-scope release / acquire); the token's
