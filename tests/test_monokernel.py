@@ -199,13 +199,14 @@ def test_flat_chunk_table():
         FLAT.replace(bn_lm=64).validate(TINY)
 
 
-@pytest.mark.parametrize("mode, slots", [("targeted", 2), ("grid", 3)])
-def test_weight_ring_matches_reference(mode, slots):
+@pytest.mark.parametrize("mode, slots, rowpf", [("targeted", 2, 0), ("grid", 3, 0), ("targeted", 3, 1)])
+def test_weight_ring_matches_reference(mode, slots, rowpf):
     """weight_ring: every GEMV reads its weights from the CTA's ring of slots, filled ahead across tasks,
     phases, layers and tokens (interpreter: the ring emulated in global memory, same cursors). down has
-    K = 384 = 3 chunks of 128, so chunks of one task also follow each other through the slots."""
+    K = 384 = 3 chunks of 128, so chunks of one task also follow each other through the slots. With
+    row_prefetch: the sm_90 default's combination."""
     cfg = TINY.replace(intermediate_size=384)
-    e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128)
+    e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf)
     ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
     assert got == ref and err < 1e-4
 

@@ -2,7 +2,9 @@
 the reference's greedy tokens until its first near-tie and teacher-forced logits within the bf16 gate, in
 both sync modes, for llama / qwen2 (bias, K not a multiple of the chunk) / qwen3 shapes; and a ring the SMs
 cannot hold is a clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for
-the CPU suite). Passed on the lent H200 at 40c3970 (the ring kernel of main since a484c6b)."""
+the CPU suite). Passed on the lent H200 at 40c3970 (the ring kernel of main since a484c6b), before its
+row_prefetch variant (the sm_90 default) was added; that variant has run on the H200 only in bench/engine_check
+(correct: bench/h200/engine_check_ring_rowpf_2026-11-30.json)."""
 from __future__ import annotations
 
 import json
@@ -39,9 +41,9 @@ for name, cfg in variants.items():
     ref = Reference(cfg, w, 128).greedy(prompt, 20)
     rl = Reference(cfg, w, 128).teacher_forced_logits(prompt, ref).float()
     for mode in ("targeted", "grid"):
-        for ring, bk in ((3, 256), (2, 128)):
+        for ring, bk, rowpf in ((3, 256, 1), (2, 128, 0)):
             e = EngineConfig(mode=mode, weight_ring=ring, block_k=bk, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8,
-                             bn_lm=8)
+                             bn_lm=8, row_prefetch=rowpf)
             mk = Monokernel(cfg, w, e, max_seq=128)
             mk.n_eos = 0
             toks, _ = mk.generate(prompt, 20)
