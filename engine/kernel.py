@@ -365,7 +365,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                WAIT: tl.constexpr, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr, BN_QKV: tl.constexpr,
                BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
                BK: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr, TRACE: tl.constexpr,
-               VENDOR: tl.constexpr):
+               VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
@@ -377,17 +377,17 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
     waited = tl.zeros([], dtype=tl.int64)
     for k0 in range(0, K, BKC):
         ne = tl.minimum(BKC, K - k0)
-        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, NS, SLOTB, VENDOR)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR)
         if WAIT:
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
         xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
         ss += s2
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
-        lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
+        lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
         acc += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
         if GU:
-            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, BN, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR)
+            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, BN, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
             acc2 += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
         cn += 1
     if NORM:
@@ -909,6 +909,7 @@ def monokernel(
     TPC: tl.constexpr = 1,
     # the weight ring (EngineConfig.weight_ring; kog.engine.ring): RING slots of SLOTB bytes; off by default
     RING: tl.constexpr = 0, SLOTB: tl.constexpr = 0, ring_lo_ptr=None, gring_ptr=None,
+    RING_SIZES: tl.constexpr = False, ring_sz_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -947,7 +948,8 @@ def monokernel(
         nch = tl.load(ring_lo_ptr + cta + 1) - c_lo
         pmax = n_tokens * nch
         cn = nch * 0         # chunks consumed (an int32 tensor: loop-carried)
-        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, RING, SLOTB, VENDOR)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, ring_sz_ptr, RING, SLOTB, RING_SIZES,
+                       VENDOR)
     if ROWPF:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
@@ -1038,7 +1040,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
-                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR)
+                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1096,7 +1098,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
-                            SLOTB, I * H, TRACE, VENDOR)
+                            SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1117,7 +1119,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
-                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR)
+                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1137,7 +1139,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
-                            SLOTB, I * H, TRACE, VENDOR)
+                            SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1158,7 +1160,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
-                            SLOTB, I * H, TRACE, VENDOR)
+                            SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,

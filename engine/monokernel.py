@@ -192,7 +192,8 @@ class Monokernel:
         (they replace the task-order buffer: the ring path reads nothing else), each CTA's first chunk, and
         the interpreter's global-memory stand-in for the shared-memory slots."""
         from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-        from kog.engine.ring import pack_ring_weights, ring_bytes, ring_order, slot_bytes
+        from kog.engine.ring import (pack_ring_weights, padded_fraction, ring_bytes, ring_chunk_bytes, ring_order,
+                                     slot_bytes)
         e, cfg = self.ecfg, self.cfg
         self.ring_extra_smem = 0
         if not e.weight_ring:
@@ -205,8 +206,14 @@ class Monokernel:
                  T_DOWN: H // e.bn_down, T_LM: cfg.vocab_size // e.bn_lm}
         order, lo = ring_order(tasks, self.plan.cta_start, num_layers=cfg.num_layers, n_tiles=tiles, H=H, I=I,
                                QS=cfg.q_size, block_k=e.block_k, bn=bn)
+        # a K that is not a multiple of its chunk: short last steps packed densely and copied at their size
+        self.ring_sizes = padded_fraction(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn) > 0
         self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
-        self.wbuf = pack_ring_weights(self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn).to(self.device)
+        self.wbuf = pack_ring_weights(self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn,
+                                      tight=self.ring_sizes).to(self.device)
+        sizes = ring_chunk_bytes(tasks, self.plan.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
+        self.ring_sz = torch.tensor(sizes if sizes.size else np.zeros(1, np.int32), dtype=torch.int32,
+                                    device=self.device)
         self.ring_lo = torch.tensor(lo.astype(np.int32), dtype=torch.int32, device=self.device)
         self.slot_bytes = slot_bytes(block_k=e.block_k, bn=bn)
         self.ring_extra_smem = ring_bytes(e.weight_ring, block_k=e.block_k, bn=bn)
@@ -320,6 +327,8 @@ class Monokernel:
         if e.weight_ring:
             meta.update(RING=int(e.weight_ring), SLOTB=int(self.slot_bytes), ring_lo_ptr=self.ring_lo,
                         gring_ptr=self.gring)
+            if self.ring_sizes:
+                meta.update(RING_SIZES=True, ring_sz_ptr=self.ring_sz)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)

@@ -15,7 +15,8 @@ and up slices together, [2 bn, bk / 2]), zero-padded to one slot. `ring_order` l
 the order the kernel consumes them; `pack_ring_weights` writes the weights in exactly that order, so CTA c's
 chunk i is ONE contiguous slot-sized block at (lo[c] + i) * slot: one bulk copy per chunk (copies of 1-4 KB
 row pieces measured slower: bench/h200/ENGINE_NOTES.md) and no table to read on the way. The streamed
-bytes are the checkpoint's, only reordered. Execution (Triton, below): the
+bytes are the checkpoint's, only reordered (a K that is not a multiple of the chunk: its short last step is
+packed densely and copied at its own size, from a per-chunk byte table: RING_SIZES). Execution (Triton, below): the
 producer cursor `pn` and the consumer cursor `cn` count chunks since the launch began; chunk n lives in slot
 n % slots and completes the (n // slots)-th phase of that slot's mbarrier. The consumer waits on the mbarrier,
 reads the words out of shared memory, and before each refill a CTA barrier proves every thread is done with
@@ -60,9 +61,12 @@ def ring_bytes(slots: int, *, block_k: int, bn: dict[int, int], elem: int = 2) -
 
 
 def padded_fraction(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> float:
-    """Share of the streamed ring bytes that is padding: a K that is not a multiple of its chunk width pads
-    its last chunk to a whole slot (sheared-llama-2.7b at block_k 2048: 2560 columns stream as 4096).
-    platform_default only turns the ring on when this is 0."""
+    """Share of padding in the ring's whole-step layout: a K that is not a multiple of its chunk width ends
+    in a short step (sheared-llama-2.7b at block_k 2048: 2560 columns = 2048 + 512). The launcher then packs
+    such steps densely and copies each chunk at its own size (RING_SIZES: a per-chunk byte table, the
+    consumer reads short steps with row pitch ne), so no padding is streamed; that path is CPU- and
+    compile-checked but not measured on a GPU yet, so engine_config.sm90_default turns the ring on only
+    where this is 0."""
     real = padded = 0
     for typ in (T_QKV, T_O, T_GU, T_DOWN):
         K, bkc, _ = chunk_shape(typ, H=H, I=I, QS=QS, block_k=block_k, bn=bn)
@@ -107,9 +111,11 @@ def ring_order(tasks: np.ndarray, cta_start: np.ndarray, *, num_layers: int, n_t
     return np.asarray(order, dtype=np.int64), np.asarray(lo, dtype=np.int64)
 
 
-def _matrix_chunks(w, bn: int, bkc: int, slot: int, up=None):
+def _matrix_chunks(w, bn: int, bkc: int, slot: int, up=None, tight: bool = False):
     """[tiles * K steps, slot] chunks of W ([N, K], zero-padded to whole K steps): tile-major, then K step;
-    each chunk is the tile's bn rows x bkc columns (then up's, for gate_up), padded to one slot."""
+    each chunk is the tile's bn rows x bkc columns (then up's, for gate_up), padded to one slot.
+    tight: a short last K step (ne = K % bkc columns) is stored as [rows, ne] at the chunk's start, so its
+    bulk copy moves only rows * ne elements (the consumer then reads it with row pitch ne)."""
     import torch
     N, K = w.shape
     pad = (-K) % bkc
@@ -121,28 +127,53 @@ def _matrix_chunks(w, bn: int, bkc: int, slot: int, up=None):
         nk = m.shape[1] // bkc
         parts.append(m.reshape(N // bn, bn, nk, bkc).permute(0, 2, 1, 3))   # [tiles, nk, bn, bkc]
     c = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
-    c = c.reshape(c.shape[0] * c.shape[1], -1)
+    T, nk, R, B = c.shape
+    if tight and pad:
+        ne = B - pad
+        flat = c.reshape(T, nk, R * B).clone()
+        flat[:, -1] = 0
+        flat[:, -1, :R * ne] = c[:, -1, :, :ne].reshape(T, R * ne)
+        c = flat
+    c = c.reshape(T * nk, -1)
     if c.shape[1] < slot:
         c = torch.nn.functional.pad(c, (0, slot - c.shape[1]))
     return c
 
 
-def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: int, bn: dict[int, int]):
+def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: int, bn: dict[int, int],
+                      tight: bool = False):
     """The GEMV weights as consecutive slot-sized chunks in consumption order (ring_order): chunk i of the
-    result is natural chunk order[i]. Same bytes as the checkpoint's matrices, reordered (and padded)."""
+    result is natural chunk order[i]. Same bytes as the checkpoint's matrices, reordered (and padded;
+    tight: short last K steps stored densely, see _matrix_chunks)."""
     import torch
     slot = slot_elems(block_k=block_k, bn=bn)
     nat = []
     for layer in range(num_layers):
         L = weights.layer(layer)
-        nat.append(_matrix_chunks(L["wqkv"], bn[T_QKV], block_k, slot))
-        nat.append(_matrix_chunks(L["wo"], bn[T_O], block_k, slot))
-        nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], block_k // 2, slot, up=L["w_up"]))
-        nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], block_k, slot))
-    nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], block_k, slot))
+        nat.append(_matrix_chunks(L["wqkv"], bn[T_QKV], block_k, slot, tight=tight))
+        nat.append(_matrix_chunks(L["wo"], bn[T_O], block_k, slot, tight=tight))
+        nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], block_k // 2, slot, up=L["w_up"], tight=tight))
+        nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], block_k, slot, tight=tight))
+    nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], block_k, slot, tight=tight))
     nat = torch.cat(nat, 0)
     idx = torch.as_tensor(order, device=nat.device)
     return nat.index_select(0, idx).reshape(-1)
+
+
+def ring_chunk_bytes(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int, QS: int, block_k: int,
+                     bn: dict[int, int], elem: int = 2) -> np.ndarray:
+    """Bytes each chunk's bulk copy moves, in consumption order (ring_order's): rows x columns of the K step
+    (a short last step only its ne columns: the tight packing). The kernel reads it when RING_SIZES."""
+    dims = dict(H=H, I=I, QS=QS)
+    out = []
+    for c in range(len(cta_start) - 1):
+        for ti in range(int(cta_start[c]), int(cta_start[c + 1])):
+            typ = int(tasks[ti, 0])
+            if typ not in (T_QKV, T_O, T_GU, T_DOWN, T_LM):
+                continue
+            K, bkc, rows = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
+            out.extend(rows * min(bkc, K - k0) * elem for k0 in range(0, K, bkc))
+    return np.asarray(out, dtype=np.int32)
 
 
 # ---- execution ---------------------------------------------------------------------------------------------
@@ -162,19 +193,24 @@ def ring_init(rbase, NS: tl.constexpr, VENDOR: tl.constexpr):
 
 
 @triton.jit
-def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, NS: tl.constexpr, SLOTB: tl.constexpr,
-              VENDOR: tl.constexpr):
+def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS: tl.constexpr,
+              SLOTB: tl.constexpr, SIZES: tl.constexpr, VENDOR: tl.constexpr):
     """Request chunks until NS are outstanding beyond the consumer (cn) or the launch's last chunk (pmax) is
     requested; returns the producer cursor. Chunk n is CTA-local chunk n % nch of the packed weights (one
-    slot-sized block). Callers have consumed chunks < cn completely: the CTA barrier first makes every
-    thread's reads of those slots happen-before their refill."""
+    slot-sized block; SIZES: it moves sz_ptr[chunk] bytes, the tight packing's short last K steps).
+    Callers have consumed chunks < cn completely: the CTA barrier first makes every thread's reads of those
+    slots happen-before their refill."""
     SLOTE: tl.constexpr = SLOTB // 2
     tl.debug_barrier()
     while (pn < cn + NS) & (pn < pmax):
         src = w_ptr + (c_lo + pn % nch).to(tl.int64) * SLOTE
         slot = pn % NS
         if VENDOR == 1:
-            ring_copy(_slot_addr(rbase, slot, SLOTB), src, SLOTB, rbase + slot * 8, VENDOR)
+            if SIZES:
+                nb = tl.load(sz_ptr + c_lo + pn % nch)
+            else:
+                nb = SLOTB
+            ring_copy(_slot_addr(rbase, slot, SLOTB), src, nb, rbase + slot * 8, VENDOR)
         else:                # interpreter: the same slot in a global-memory ring, copied at once
             e = tl.arange(0, SLOTE)
             tl.store(gring_ptr + (cta * NS + slot) * SLOTE + e, tl.load(src + e))
@@ -201,7 +237,7 @@ def ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS: tl.constexpr, VE
 
 @triton.jit
 def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: tl.constexpr, NS: tl.constexpr,
-              SLOTB: tl.constexpr, DT: tl.constexpr, VENDOR: tl.constexpr):
+              SLOTB: tl.constexpr, DT: tl.constexpr, VENDOR: tl.constexpr, SIZES: tl.constexpr = False):
     """Rows [row0, row0 + BN) of chunk cn's slot as float32 (even, odd) column pairs [BN, BKC // 2]: word j of
     a row holds elements 2j (low half) and 2j + 1 (high half). Columns >= ne (a short last chunk) read 0."""
     rn = tl.arange(0, BN)
@@ -209,7 +245,10 @@ def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: t
     ok = (2 * rj < ne)[None, :]      # (the packed chunk's padding is zeros; masked anyway: NaN * 0 is NaN)
     slot = cn % NS
     if VENDOR == 1:
-        a = _slot_addr(rbase, slot, SLOTB) + dep + ((row0 + rn) * (BKC * 2))[:, None] + (rj * 4)[None, :]
+        if SIZES:        # the tight packing: a short last K step has row pitch ne
+            a = _slot_addr(rbase, slot, SLOTB) + dep + ((row0 + rn) * (ne * 2))[:, None] + (rj * 4)[None, :]
+        else:
+            a = _slot_addr(rbase, slot, SLOTB) + dep + ((row0 + rn) * (BKC * 2))[:, None] + (rj * 4)[None, :]
         w = ld_shared_b32(a, VENDOR)
         if DT == tl.bfloat16:
             lo = (w << 16).to(tl.float32, bitcast=True)
@@ -220,7 +259,10 @@ def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: t
         lo = tl.where(ok, lo, 0.0)
         hi = tl.where(ok, hi, 0.0)
     else:
-        b = gring_ptr + (cta * NS + slot) * (SLOTB // 2) + ((row0 + rn) * BKC)[:, None] + (2 * rj)[None, :]
+        if SIZES:
+            b = gring_ptr + (cta * NS + slot) * (SLOTB // 2) + ((row0 + rn) * ne)[:, None] + (2 * rj)[None, :]
+        else:
+            b = gring_ptr + (cta * NS + slot) * (SLOTB // 2) + ((row0 + rn) * BKC)[:, None] + (2 * rj)[None, :]
         lo = tl.load(b, mask=ok, other=0.0).to(tl.float32)
         hi = tl.load(b + 1, mask=ok, other=0.0).to(tl.float32)
     return lo, hi

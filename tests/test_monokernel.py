@@ -199,13 +199,24 @@ def test_flat_chunk_table():
         FLAT.replace(bn_lm=64).validate(TINY)
 
 
-@pytest.mark.parametrize("mode, slots, rowpf", [("targeted", 2, 0), ("grid", 3, 0), ("targeted", 3, 1)])
-def test_weight_ring_matches_reference(mode, slots, rowpf):
+# K that are multiples of the 128-column chunk (the ring's plain path, the H200 default's), and the tiny
+# model's hidden 64 (every qkv / lm chunk a short one: tight packing, per-chunk copy sizes)
+RING_WHOLE = TINY.replace(hidden_size=128, intermediate_size=256, head_dim=32)
+RING_SHORT = TINY.replace(intermediate_size=384)
+
+
+@pytest.mark.parametrize("cfg, mode, slots, rowpf", [(RING_SHORT, "targeted", 2, 0), (RING_SHORT, "grid", 3, 0),
+                                                     (RING_WHOLE, "targeted", 3, 1), (RING_WHOLE, "grid", 2, 1)])
+def test_weight_ring_matches_reference(cfg, mode, slots, rowpf):
     """weight_ring: every GEMV reads its weights from the CTA's ring of slots, filled ahead across tasks,
     phases, layers and tokens (interpreter: the ring emulated in global memory, same cursors). down has
-    K = 384 = 3 chunks of 128, so chunks of one task also follow each other through the slots. With
-    row_prefetch: the sm_90 default's combination."""
-    cfg = TINY.replace(intermediate_size=384)
+    K = 256 or 384 = 2 or 3 chunks of 128, so chunks of one task also follow each other through the slots.
+    With row_prefetch: the sm_90 default's combination."""
+    from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
+    from kog.engine.ring import padded_fraction
+    bn = {T_QKV: 16, T_O: 16, T_GU: 16, T_DOWN: 16, T_LM: 64}
+    short = padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=128, bn=bn) > 0
+    assert short == (cfg is RING_SHORT)
     e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf)
     ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
     assert got == ref and err < 1e-4
@@ -216,7 +227,7 @@ def test_weight_ring_order_packing_and_validation():
     hold natural chunk order[i] at slot i: the tile's rows x one K step (gate_up: gate rows then up rows),
     zero-padded to whole K steps and to one slot."""
     from kog.engine.plan import T_ATTN, T_DOWN, T_GU, T_LM, T_O, T_QKV
-    from kog.engine.ring import natural_bases, pack_ring_weights, ring_bytes, ring_order, slot_elems
+    from kog.engine.ring import natural_bases, pack_ring_weights, ring_bytes, ring_chunk_bytes, ring_order, slot_elems
     cfg = TINY.replace(intermediate_size=320)          # down: K = 320 = 128 + 128 + a 64-column tail
     w = random_weights(cfg, "cpu", seed=1)
     bn = {T_QKV: 8, T_O: 8, T_GU: 8, T_DOWN: 8, T_LM: 64}
@@ -240,6 +251,13 @@ def test_weight_ring_order_packing_and_validation():
     assert torch.equal(packed[4, :8 * 128].view(8, 128)[:, :64], L1["w_down"][16:24, 256:])   # the tail
     assert not packed[4, :8 * 128].view(8, 128)[:, 64:].any()
     assert torch.equal(packed[5].view(64, 128)[:, :64], w["lm_head"][64:128])
+    # tight: a short last K step is stored densely ([rows, ne] at the chunk's start) and copied at its size
+    tight = pack_ring_weights(w, 2, order, block_k=128, bn=bn, tight=True).view(len(order), slot)
+    assert torch.equal(tight[4, :8 * 64].view(8, 64), L1["w_down"][16:24, 256:]) and not tight[4, 8 * 64:].any()
+    assert torch.equal(tight[2], packed[2])                                    # whole steps: unchanged
+    assert torch.equal(tight[0, :8 * 64].view(8, 64), L1["wqkv"][24:32])
+    sizes = ring_chunk_bytes(tasks, np.array([0, 3, 5]), H=H, I=I, QS=QS, block_k=128, bn=bn)
+    assert sizes.tolist() == [8 * 64 * 2, 16 * 64 * 2, 8 * 128 * 2, 8 * 128 * 2, 8 * 64 * 2, 64 * 64 * 2]
     assert ring_bytes(3, block_k=128, bn=bn) == 1024 + 3 * slot * 2
     with pytest.raises(ConfigError, match="weight_ring"):
         EngineConfig(weight_ring=2, block_k=64).validate(TINY)
