@@ -134,11 +134,11 @@ class EngineConfig:
             for what, K in (("hidden_size", model.hidden_size), ("q_size", model.q_size),
                             ("intermediate_size", model.intermediate_size)):
                 need(K % 8 == 0, f"weight_ring needs 16-byte weight rows: {what} {K} is not a multiple of 8")
-            # shared memory per SM on sm_90 (the only ring target): the ring (1 KiB of mbarriers + slots of the
-            # largest chunk) plus ~8 KiB of Triton's own and the driver's 1 KiB per CTA; the launcher checks
-            # the exact figure after compiling
-            slot = max(self.bn_qkv, self.bn_o, self.bn_gate_up, self.bn_down, self.bn_lm) * self.block_k * 2
-            per_cta = 1024 + self.weight_ring * slot + 9 * 1024
+            # shared memory per SM on sm_90 (the only ring target): the ring (kog.engine.ring.ring_bytes) plus
+            # ~8 KiB of Triton's own and the driver's 1 KiB per CTA; the launcher checks the exact figure after
+            # compiling
+            from kog.engine.ring import phase_bn, ring_bytes
+            per_cta = ring_bytes(self.weight_ring, block_k=self.block_k, bn=phase_bn(self)) + 9 * 1024
             need(per_cta * self.ctas_per_sm <= 228 * 1024,
                  f"weight_ring {self.weight_ring} does not fit: {self.ctas_per_sm} CTAs/SM x ~{per_cta // 1024} KiB "
                  f"of shared memory each exceed the 228 KiB of an sm_90 SM")
@@ -167,14 +167,13 @@ class EngineConfig:
 
 
 def sm90_default(model: ModelConfig) -> EngineConfig:
-    """The built-in config on NVIDIA sm_90+: SM90_DEFAULT, unless one of the model's K would stream padded
-    ring chunks (kog.engine.ring.padded_fraction > 0: the ring has no per-chunk sizes yet), then EngineConfig()."""
-    from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-    from kog.engine.ring import padded_fraction
+    """The built-in config on NVIDIA sm_90+: SM90_DEFAULT, unless one of the model's K ends in a short ring
+    chunk (kog.engine.ring.padded_fraction > 0: that path, RING_SIZES, is not measured on a GPU yet), then
+    EngineConfig()."""
+    from kog.engine.ring import padded_fraction, phase_bn
     e = EngineConfig()
-    bn = {T_QKV: e.bn_qkv, T_O: e.bn_o, T_GU: e.bn_gate_up, T_DOWN: e.bn_down, T_LM: e.bn_lm}
     if padded_fraction(H=model.hidden_size, I=model.intermediate_size, QS=model.q_size, block_k=e.block_k,
-                       bn=bn) > 0:
+                       bn=phase_bn(e)) > 0:
         return e
     try:
         return e.replace(**SM90_DEFAULT).validate(model)

@@ -362,10 +362,8 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
 def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_ptr, eps, cnt_ptr,
                tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task, tasks_ptr, t_hi,
                K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
-               WAIT: tl.constexpr, H: tl.constexpr, I: tl.constexpr, QS: tl.constexpr, BN_QKV: tl.constexpr,
-               BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
-               BK: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr, TRACE: tl.constexpr,
-               VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False):
+               WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
+               TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
@@ -1039,8 +1037,8 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
-                            tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
-                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
+                            ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1097,8 +1095,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
-                            BN_O, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
-                            SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            BN_O, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1118,8 +1115,8 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
-                            tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN,
-                            BN_LM, BK, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
+                            ring_sz_ptr, RING_SIZES)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1138,8 +1135,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
-                            BN_DOWN, BK, False, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
-                            SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            BN_DOWN, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1159,8 +1155,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
-                            BN_LM, BK, True, False, WAIT, H, I, QS, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, BK, RING,
-                            SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            BN_LM, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,

@@ -192,15 +192,15 @@ class Monokernel:
         (they replace the task-order buffer: the ring path reads nothing else), each CTA's first chunk, and
         the interpreter's global-memory stand-in for the shared-memory slots."""
         from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-        from kog.engine.ring import (pack_ring_weights, padded_fraction, ring_bytes, ring_chunk_bytes, ring_order,
-                                     slot_bytes)
+        from kog.engine.ring import (pack_ring_weights, padded_fraction, phase_bn, ring_bytes, ring_chunk_bytes,
+                                     ring_order, slot_bytes)
         e, cfg = self.ecfg, self.cfg
         self.ring_extra_smem = 0
         if not e.weight_ring:
             return
         if self.vendor != INTERPRET and self.wbuf.element_size() != 2:
             raise ConfigError("weight_ring streams 16-bit weights (bf16 / fp16)")
-        bn = {T_QKV: e.bn_qkv, T_O: e.bn_o, T_GU: e.bn_gate_up, T_DOWN: e.bn_down, T_LM: e.bn_lm}
+        bn = phase_bn(e)
         H, I = cfg.hidden_size, cfg.intermediate_size
         tiles = {T_QKV: cfg.qkv_size // e.bn_qkv, T_O: H // e.bn_o, T_GU: I // e.bn_gate_up,
                  T_DOWN: H // e.bn_down, T_LM: cfg.vocab_size // e.bn_lm}
@@ -353,7 +353,8 @@ class Monokernel:
         if not self.ring_extra_smem or getattr(k, "_kog_ring_smem", None) == self.ring_extra_smem:
             return
         own = getattr(k, "_kog_triton_smem", k.metadata.shared)
-        total = -(-own // 1024) * 1024 + self.ring_extra_smem
+        from kog.engine.ring import launch_smem
+        total = launch_smem(own, self.ring_extra_smem)
         props = torch.cuda.get_device_properties(self.device)
         block_max = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
         if total > block_max:

@@ -128,12 +128,10 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     if e.tp_compat > 1:
         meta.update(TPC=int(e.tp_compat))
     if e.weight_ring:
-        from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-        from kog.engine.ring import slot_bytes
-        bn = {T_QKV: e.bn_qkv, T_O: e.bn_o, T_GU: e.bn_gate_up, T_DOWN: e.bn_down, T_LM: e.bn_lm}
+        from kog.engine.ring import padded_fraction, phase_bn, slot_bytes
+        bn = phase_bn(e)
         meta.update(RING=int(e.weight_ring), SLOTB=slot_bytes(block_k=e.block_k, bn=bn), ring_lo_ptr=T(i32),
                     gring_ptr=T(dt))
-        from kog.engine.ring import padded_fraction
         if padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=e.block_k, bn=bn):
             meta.update(RING_SIZES=True, ring_sz_ptr=T(i32))
     if vendor == 1:
@@ -376,10 +374,9 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
     shared = int(k.metadata.shared or 0)
     ring = 0
     if ecfg.weight_ring:     # the launcher adds the ring after Triton's own, 1 KiB aligned (Monokernel._add_ring_smem)
-        from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-        from kog.engine.ring import ring_bytes
-        bn = {T_QKV: ecfg.bn_qkv, T_O: ecfg.bn_o, T_GU: ecfg.bn_gate_up, T_DOWN: ecfg.bn_down, T_LM: ecfg.bn_lm}
-        ring = -(-shared // 1024) * 1024 + ring_bytes(ecfg.weight_ring, block_k=ecfg.block_k, bn=bn) - shared
+        from kog.engine.ring import launch_smem, phase_bn, ring_bytes
+        extra = ring_bytes(ecfg.weight_ring, block_k=ecfg.block_k, bn=phase_bn(ecfg))
+        ring = launch_smem(shared, extra) - shared
     occ = occupancy(stats["registers"], shared + ring, ecfg.num_warps)
     rep: dict[str, Any] = {
         "model": cfg.name, "target": "cuda sm_90 (GPUTarget('cuda', 90, 32))",

@@ -38,6 +38,17 @@ from kog.engine.vendor import ld_shared_b32, mbar_init, mbar_init_fence, mbar_wa
 BAR_BYTES = tl.constexpr(1024)   # the slots' mbarriers (8 bytes each) at the ring's start; slots follow
 
 
+def phase_bn(ecfg) -> dict[int, int]:
+    """Rows per task of each GEMV task type, from an EngineConfig (the `bn` every function here takes)."""
+    return {T_QKV: ecfg.bn_qkv, T_O: ecfg.bn_o, T_GU: ecfg.bn_gate_up, T_DOWN: ecfg.bn_down, T_LM: ecfg.bn_lm}
+
+
+def launch_smem(triton_shared: int, ring_extra: int) -> int:
+    """Dynamic shared memory a ring launch asks for: Triton's own, 1 KiB aligned, then the ring (the kernel
+    finds the ring at the end)."""
+    return -(-triton_shared // 1024) * 1024 + ring_extra
+
+
 def chunk_shape(typ: int, *, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[int, int, int]:
     """(K, columns per chunk, rows per chunk) of a GEMV task type."""
     K = {T_QKV: H, T_O: QS, T_GU: H, T_DOWN: I, T_LM: H}[typ]
@@ -93,22 +104,29 @@ def natural_bases(num_layers: int, n_tiles: dict[int, int], dims: dict, block_k:
     return base
 
 
+def _cta_gemv_tasks(tasks: np.ndarray, cta_start: np.ndarray):
+    """(cta, type, layer, tile) of every GEMV task, each CTA's in the order it runs them (attention and
+    barrier tasks have no chunks)."""
+    for c in range(len(cta_start) - 1):
+        for ti in range(int(cta_start[c]), int(cta_start[c + 1])):
+            typ, layer, tile = (int(x) for x in tasks[ti, :3])
+            if typ in (T_QKV, T_O, T_GU, T_DOWN, T_LM):
+                yield c, typ, layer, tile
+
+
 def ring_order(tasks: np.ndarray, cta_start: np.ndarray, *, num_layers: int, n_tiles: dict[int, int],
                H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """(natural chunk index of every chunk in consumption order, first chunk of each CTA [grid + 1]) for the
     monokernel's task table `tasks` ([T, >= 3]: type, layer, tile, ...)."""
     dims = dict(H=H, I=I, QS=QS)
     base = natural_bases(num_layers, n_tiles, dims, block_k, bn)
-    order, lo = [], [0]
-    for c in range(len(cta_start) - 1):
-        for ti in range(int(cta_start[c]), int(cta_start[c + 1])):
-            typ, layer, tile = (int(x) for x in tasks[ti, :3])
-            if typ not in (T_QKV, T_O, T_GU, T_DOWN, T_LM):
-                continue
-            nk = _nkc(typ, dims, block_k, bn)
-            order.extend(range(base[(layer, typ)] + tile * nk, base[(layer, typ)] + (tile + 1) * nk))
-        lo.append(len(order))
-    return np.asarray(order, dtype=np.int64), np.asarray(lo, dtype=np.int64)
+    order = []
+    counts = np.zeros(len(cta_start) - 1, dtype=np.int64)
+    for c, typ, layer, tile in _cta_gemv_tasks(tasks, cta_start):
+        nk = _nkc(typ, dims, block_k, bn)
+        order.extend(range(base[(layer, typ)] + tile * nk, base[(layer, typ)] + (tile + 1) * nk))
+        counts[c] += nk
+    return np.asarray(order, dtype=np.int64), np.concatenate([[0], np.cumsum(counts)])
 
 
 def _matrix_chunks(w, bn: int, bkc: int, slot: int, up=None, tight: bool = False):
@@ -166,13 +184,9 @@ def ring_chunk_bytes(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int
     (a short last step only its ne columns: the tight packing). The kernel reads it when RING_SIZES."""
     dims = dict(H=H, I=I, QS=QS)
     out = []
-    for c in range(len(cta_start) - 1):
-        for ti in range(int(cta_start[c]), int(cta_start[c + 1])):
-            typ = int(tasks[ti, 0])
-            if typ not in (T_QKV, T_O, T_GU, T_DOWN, T_LM):
-                continue
-            K, bkc, rows = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
-            out.extend(rows * min(bkc, K - k0) * elem for k0 in range(0, K, bkc))
+    for _, typ, _, _ in _cta_gemv_tasks(tasks, cta_start):
+        K, bkc, rows = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
+        out.extend(rows * min(bkc, K - k0) * elem for k0 in range(0, K, bkc))
     return np.asarray(out, dtype=np.int32)
 
 
