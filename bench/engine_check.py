@@ -111,7 +111,29 @@ def _():
     return {"GBps": copy_GBps()}
 
 
-def perf(ecfg, n=512, repeats=3, trace=True):
+def plan_toggles(g):
+    """(EngineConfig overrides, plan-module flags) of one sweep entry: keys starting with "_" name flags of
+    kog.engine.plan set during that entry ("_ATTN_COUNTER_PER_GROUP": true measures the layout before
+    2026-12-01 in the same run)."""
+    return {k: v for k, v in g.items() if not k.startswith("_")}, {k[1:]: v for k, v in g.items() if k.startswith("_")}
+
+
+class plan_flags:
+    def __init__(self, flags):
+        import kog.engine.plan as plan_mod
+        self.mod, self.flags, self.old = plan_mod, flags, {}
+
+    def __enter__(self):
+        for k, v in self.flags.items():
+            self.old[k] = getattr(self.mod, k)
+            setattr(self.mod, k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            setattr(self.mod, k, v)
+
+
+def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
     cfg, w = llama_1b()
     prompt = list(range(100, 164))
     mk = Monokernel(cfg, w, ecfg, max_seq=640, trace_tokens=8 if trace else 0)
@@ -126,7 +148,9 @@ def perf(ecfg, n=512, repeats=3, trace=True):
            "limit_pct": statistics.median(rates) / (R["copy"]["GBps"] * 1e9 / cfg.weight_bytes_per_token()) * 100}
     if trace:
         b = mk.breakdown(prompt, n=32)
-        b.pop("table", None)
+        table = b.pop("table", None)
+        if timeline and table is not None:     # the raw per-task trace, for bench/layer_anatomy-style analysis
+            table.assign(system=timeline).to_parquet(f"{OUT}/timeline_{timeline}.parquet")
         res["breakdown"] = b
     return res
 
@@ -222,10 +246,13 @@ def _():
         grid = json.loads(sys.argv[sys.argv.index("--grid-json") + 1])
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
+        ov, flags = plan_toggles(g)
+        tl_name = ("t%d" % len(out)) if "--save-timeline" in sys.argv else None
         try:
-            out[key] = perf(EngineConfig(**g), n=256, repeats=2, trace=False)
-            if "--check" in sys.argv:      # teacher-forced error and greedy agreement over 32 tokens, per config
-                out[key].update(teacher_check(EngineConfig(**g)))
+            with plan_flags(flags):
+                out[key] = perf(EngineConfig(**ov), n=256, repeats=2, trace=tl_name is not None, timeline=tl_name)
+                if "--check" in sys.argv:  # teacher-forced error and greedy agreement over 32 tokens, per config
+                    out[key].update(teacher_check(EngineConfig(**ov)))
         except Exception as e:
             out[key] = {"error": repr(e)[:500]}
         print(key, out[key], flush=True)
@@ -236,8 +263,10 @@ def _():
         if cand:
             best = max(cand, key=lambda k: cand[k]["tok_s"])
             g = grid[list(out).index(best)]
+            ov, flags = plan_toggles(g)
             try:
-                out["best-" + mode] = {"config": g, **perf(EngineConfig(**g), n=256, repeats=3, trace=True)}
+                with plan_flags(flags):
+                    out["best-" + mode] = {"config": g, **perf(EngineConfig(**ov), n=256, repeats=3, trace=True)}
             except Exception as e:
                 out["best-" + mode] = {"error": repr(e)[:500]}
             print("best", mode, json.dumps(out["best-" + mode], default=str)[:1500], flush=True)
@@ -248,7 +277,7 @@ def _():
         import torch as _t
         from kog.tune.store import save_best
         os.environ["KOG_TUNED_DIR"] = sys.argv[sys.argv.index("--store-best") + 1]
-        g = out["best-targeted"]["config"]
+        g = plan_toggles(out["best-targeted"]["config"])[0]
         cfg, _ = llama_1b()
         save_best(_t.cuda.get_device_name(0), cfg, EngineConfig(**g), out["best-targeted"]["tok_s"],
                   source={"backend": "gpu", "from": "bench/engine_check.py sweep"}, only_if_better=False)

@@ -36,7 +36,8 @@ class EngineConfig:
     bn_down: int = 8
     bn_lm: int = 8
     sync_rows: int = 4096             # producer rows that share one readiness counter (0 = one per block_k)
-    prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off)
+    prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off;
+                                      # with weight_ring: the chunk this many beyond each ring copy)
     blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
     row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs
     pipeline_stages: int = 0          # > 1: each CTA runs consecutive same-phase GEMV tasks as one loop Triton
@@ -126,8 +127,8 @@ class EngineConfig:
                  f"({model.intermediate_size}), as tensor parallelism over {g} GPUs does")
         need(0 <= self.weight_ring <= 16, f"weight_ring {self.weight_ring} not in 0..16")
         if self.weight_ring:
-            need(self.pipeline_stages == 0 and self.prefetch == 0 and self.blocked_prefetch == 0,
-                 "weight_ring runs without pipeline_stages, prefetch and blocked_prefetch (the ring replaces them)")
+            need(self.pipeline_stages == 0 and self.blocked_prefetch == 0,
+                 "weight_ring runs without pipeline_stages and blocked_prefetch (the ring replaces them)")
             need(self.tp_compat == 1, "weight_ring runs with tp_compat 1")
             need(self.block_k >= 128, f"weight_ring needs block_k >= 128 (chunks start 128-byte aligned; got "
                  f"{self.block_k})")

@@ -363,7 +363,8 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task, tasks_ptr, t_hi,
                K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
                WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
-               TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False):
+               TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False,
+               PF: tl.constexpr = 0):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
@@ -375,7 +376,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
     waited = tl.zeros([], dtype=tl.int64)
     for k0 in range(0, K, BKC):
         ne = tl.minimum(BKC, K - k0)
-        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF)
         if WAIT:
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
@@ -947,7 +948,7 @@ def monokernel(
         pmax = n_tokens * nch
         cn = nch * 0         # chunks consumed (an int32 tensor: loop-carried)
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, ring_sz_ptr, RING, SLOTB, RING_SIZES,
-                       VENDOR)
+                       VENDOR, PF_DIST)
     if ROWPF:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
@@ -997,8 +998,8 @@ def monokernel(
                     _flush(cnt_ptr, pend_idx, pend_n)
                     pend_idx = rel
                     pend_n = 0
-                if PF_DIST > 0:   # always-on L2 prefetch of the task PF_DIST ahead
-                    if ti + PF_DIST < t_hi:
+                if (PF_DIST > 0) & (RING == 0):   # always-on L2 prefetch of the task PF_DIST ahead (the ring
+                    if ti + PF_DIST < t_hi:          # prefetches chunks instead: ring_fill)
                         _prefetch_tasks(w_ptr, tasks_ptr, ti + PF_DIST, ti + PF_DIST + 1, I * H, VENDOR)
                 if TRACE:
                     t_start = global_time_ns(VENDOR)
@@ -1038,7 +1039,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
-                            ring_sz_ptr, RING_SIZES)
+                            ring_sz_ptr, RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1095,7 +1096,8 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
-                            BN_O, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            BN_O, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
+                            RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1116,7 +1118,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
-                            ring_sz_ptr, RING_SIZES)
+                            ring_sz_ptr, RING_SIZES, PF_DIST)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1135,7 +1137,8 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
-                            BN_DOWN, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            BN_DOWN, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
+                            RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1155,7 +1158,8 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
-                            BN_LM, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr, RING_SIZES)
+                            BN_LM, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
+                            RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,

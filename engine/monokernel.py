@@ -248,7 +248,8 @@ class Monokernel:
             rel[m] = lay[layer[m], buf] + (tile[m] * bn) // R[buf]
             wait[m] = wb[m]
         m = typ == T_ATTN
-        rel[m] = lay[layer[m], BUF_ATTN] + tile[m] // self.attn_splits    # tile = kv head * splits + split
+        group_rows = Q // cfg.num_kv_heads                # tile = kv head * splits + split
+        rel[m] = lay[layer[m], BUF_ATTN] + (tile[m] // self.attn_splits) * group_rows // R[BUF_ATTN]
         wait[m] = lay[layer[m], BUF_QKV]
         m = typ == T_LM
         woff[m] = wo[L, 0] + tile[m] * e.bn_lm * H

@@ -25,6 +25,9 @@ from kog.engine.engine_config import EngineConfig
 T_QKV, T_ATTN, T_O, T_GU, T_DOWN, T_LM, T_BAR = range(7)
 TASK_NAMES = {T_QKV: "qkv", T_ATTN: "attn", T_O: "o", T_GU: "gate_up", T_DOWN: "down", T_LM: "lm",
               T_BAR: "barrier"}
+# True: one attention-output counter per KV group whatever sync_rows is (the layout before 2026-12-01; kept
+# for same-run comparisons in bench scripts)
+ATTN_COUNTER_PER_GROUP = False
 # counter buffers per layer, in the order of the `layout` table
 BUF_QKV, BUF_ATTN, BUF_HMID, BUF_ACT, BUF_HOUT = range(5)
 N_BUF = 5
@@ -131,7 +134,12 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     L, H, I = model.num_layers, model.hidden_size, model.intermediate_size
     R_default = ecfg.sync_rows or ecfg.block_k
     group_rows = (model.num_heads // model.num_kv_heads) * model.head_dim
-    R = np.array([R_default, group_rows, R_default, R_default, R_default], dtype=np.int32)
+    # The attention output is published per KV group (the last split of a KV head merges and releases its
+    # group_rows rows), and O reads all of it: one counter per KV group made every O task poll
+    # num_kv_heads counters one after another (an L2 round trip each, ~3 us per layer on the H200,
+    # bench/h200/ENGINE_NOTES.md session 6), so its counters cover sync_rows rows too, in whole KV groups.
+    R_attn = group_rows if ATTN_COUNTER_PER_GROUP else group_rows * max(1, int(R_default) // group_rows)
+    R = np.array([R_default, R_attn, R_default, R_default, R_default], dtype=np.int32)
     sizes = {BUF_QKV: (model.qkv_size, ecfg.bn_qkv), BUF_ATTN: (model.q_size, group_rows),
              BUF_HMID: (H, ecfg.bn_o), BUF_ACT: (I, ecfg.bn_gate_up), BUF_HOUT: (H, ecfg.bn_down)}
     for b, (n_rows, bn) in sizes.items():

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-from kog.engine.vendor import ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy
+from kog.engine.vendor import ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy, ring_prefetch_l2
 
 BAR_BYTES = tl.constexpr(1024)   # the slots' mbarriers (8 bytes each) at the ring's start; slots follow
 
@@ -208,10 +208,13 @@ def ring_init(rbase, NS: tl.constexpr, VENDOR: tl.constexpr):
 
 @triton.jit
 def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS: tl.constexpr,
-              SLOTB: tl.constexpr, SIZES: tl.constexpr, VENDOR: tl.constexpr):
+              SLOTB: tl.constexpr, SIZES: tl.constexpr, VENDOR: tl.constexpr, PF: tl.constexpr = 0):
     """Request chunks until NS are outstanding beyond the consumer (cn) or the launch's last chunk (pmax) is
     requested; returns the producer cursor. Chunk n is CTA-local chunk n % nch of the packed weights (one
     slot-sized block; SIZES: it moves sz_ptr[chunk] bytes, the tight packing's short last K steps).
+    PF > 0 (EngineConfig.prefetch with the ring): with each chunk's copy, chunk n + PF is L2-prefetched, so
+    HBM keeps working PF chunks beyond the ring while the CTA waits on a dependency (the ring alone holds
+    NS chunks, ~6 us of a CTA's share of the stream at 3 x 32 KB).
     Callers have consumed chunks < cn completely: the CTA barrier first makes every thread's reads of those
     slots happen-before their refill."""
     SLOTE: tl.constexpr = SLOTB // 2
@@ -225,6 +228,9 @@ def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS:
             else:
                 nb = SLOTB
             ring_copy(_slot_addr(rbase, slot, SLOTB), src, nb, rbase + slot * 8, VENDOR)
+            if PF > 0:
+                if pn + PF < pmax:       # whole slots: a tight short chunk's block is padded to one
+                    ring_prefetch_l2(w_ptr + (c_lo + (pn + PF) % nch).to(tl.int64) * SLOTE, SLOTB, VENDOR)
         else:                # interpreter: the same slot in a global-memory ring, copied at once
             e = tl.arange(0, SLOTE)
             tl.store(gring_ptr + (cta * NS + slot) * SLOTE + e, tl.load(src + e))

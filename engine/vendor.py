@@ -212,6 +212,22 @@ def ring_copy(dst, src, nbytes, bar, VENDOR: tl.constexpr):
                                   is_pure=False, pack=1)
 
 
+# Thread 0: ask the L2 to fetch $2 bytes at global $1 (cp.async.bulk.prefetch: one instruction for a whole
+# chunk, no registers, no completion to wait for: a hint the copy that later reads them hits in L2).
+RING_PREFETCH_PTX = tl.constexpr(
+    "{\n.reg .pred %fp;\n.reg .u32 %ft;\nmov.u32 $0, 0;\nmov.u32 %ft, %tid.x;\nsetp.eq.u32 %fp, %ft, 0;\n"
+    "@%fp cp.async.bulk.prefetch.L2.global [$1], $2;\n}")
+
+
+@triton.jit
+def ring_prefetch_l2(src, nbytes, VENDOR: tl.constexpr):
+    """Thread 0: L2-prefetch nbytes (a multiple of 16, 16-byte aligned) at global `src`. NVIDIA sm_90 only;
+    elsewhere nothing (a prefetch is only a hint)."""
+    if VENDOR == 1:
+        tl.inline_asm_elementwise(RING_PREFETCH_PTX, "=r,l,r", [src, nbytes], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+
+
 # Wait (bounded: at most $4 polls) until the mbarrier at $2 has completed its phase of parity $3.
 # $0 = 1 if it timed out, $1 = an opaque 0 for the reads of the slot (keeps them below the wait).
 MBAR_WAIT_PTX = tl.constexpr(

@@ -6,7 +6,7 @@ import pytest
 
 from kog.engine.config import PRESETS, ConfigError
 from kog.engine.engine_config import EngineConfig
-from kog.engine.plan import (BUF_ATTN, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, check_plan, make_plan)
+from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, check_plan, make_plan)
 
 LLAMA = PRESETS["llama-3.2-1b"]
 
@@ -41,10 +41,34 @@ def test_counters_cover_each_buffer():
     # qkv: 3072 rows in counters of 512 rows, each counting 512 / bn_qkv tiles per token
     q0 = p.layout[0, BUF_QKV]
     assert list(p.target[q0:q0 + 6]) == [512 // e.bn_qkv] * 6
-    # attention: one counter per KV head, one release per token (the last split publishes)
+    # attention: the last split of a KV head publishes its group's rows once per token; a counter covers
+    # sync_rows rows in whole KV groups (llama-3.2-1b: 256 rows a group, so two groups a counter)
+    group_rows = (LLAMA.num_heads // LLAMA.num_kv_heads) * LLAMA.head_dim
     a0 = p.layout[0, BUF_ATTN]
-    assert list(p.target[a0:a0 + LLAMA.num_kv_heads]) == [1] * LLAMA.num_kv_heads
-    assert p.rows_per_counter[BUF_ATTN] == (LLAMA.num_heads // LLAMA.num_kv_heads) * LLAMA.head_dim
+    assert p.rows_per_counter[BUF_ATTN] == 2 * group_rows
+    assert list(p.target[a0:a0 + LLAMA.num_kv_heads // 2]) == [2] * (LLAMA.num_kv_heads // 2)
+    assert p.layout[0, BUF_HMID] - a0 == LLAMA.num_kv_heads // 2
+
+
+def test_attention_counters_by_sync_rows():
+    """O reads the whole attention output: with sync_rows >= q_size it polls ONE counter that all KV
+    heads' merges bump (was one per KV head, polled one after another); sync_rows below a KV group still
+    gets one counter per group; the per-group layout stays available for same-run comparisons."""
+    from kog.engine import plan as plan_mod
+    g = LLAMA.num_kv_heads
+    group_rows = LLAMA.q_size // g
+    p = make_plan(LLAMA, EngineConfig(sync_rows=4096), 132)
+    a0 = p.layout[0, BUF_ATTN]
+    assert p.layout[0, BUF_HMID] - a0 == 1 and p.target[a0] == g
+    p = make_plan(LLAMA, EngineConfig(sync_rows=64, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8), 132)
+    assert p.rows_per_counter[BUF_ATTN] == group_rows
+    old = plan_mod.ATTN_COUNTER_PER_GROUP
+    try:
+        plan_mod.ATTN_COUNTER_PER_GROUP = True
+        p = make_plan(LLAMA, EngineConfig(sync_rows=4096), 132)
+        assert p.rows_per_counter[BUF_ATTN] == group_rows
+    finally:
+        plan_mod.ATTN_COUNTER_PER_GROUP = old
 
 
 def test_topology_mapping_uses_the_probe_partitions():

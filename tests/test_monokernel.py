@@ -217,7 +217,7 @@ def test_weight_ring_matches_reference(cfg, mode, slots, rowpf):
     bn = {T_QKV: 16, T_O: 16, T_GU: 16, T_DOWN: 16, T_LM: 64}
     short = padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=128, bn=bn) > 0
     assert short == (cfg is RING_SHORT)
-    e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf)
+    e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf, prefetch=rowpf)
     ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
     assert got == ref and err < 1e-4
 

@@ -41,9 +41,9 @@ for name, cfg in variants.items():
     ref = Reference(cfg, w, 128).greedy(prompt, 20)
     rl = Reference(cfg, w, 128).teacher_forced_logits(prompt, ref).float()
     for mode in ("targeted", "grid"):
-        for ring, bk, rowpf in ((3, 256, 1), (2, 128, 0)):
+        for ring, bk, rowpf, pf in ((3, 256, 1, 2), (2, 128, 0, 0)):
             e = EngineConfig(mode=mode, weight_ring=ring, block_k=bk, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8,
-                             bn_lm=8, row_prefetch=rowpf)
+                             bn_lm=8, row_prefetch=rowpf, prefetch=pf)
             mk = Monokernel(cfg, w, e, max_seq=128)
             mk.n_eos = 0
             toks, _ = mk.generate(prompt, 20)
