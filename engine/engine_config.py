@@ -14,11 +14,7 @@ from typing import Any
 
 from kog.engine.config import ConfigError, ModelConfig
 
-SYNC_MODES = ("targeted", "grid", "sentinel")
-# the kernel's MODE constexpr of each sync mode. sentinel: no counters, no barriers between phases; every
-# activation is a 64-bit word that carries its token's tag, and a consumer's load of its input is its wait
-# (kog.engine.kernel._tag_wait2): no fence or counter increment per producer, one L2 round trip per consumer
-MODE_CODES = {"grid": 0, "targeted": 1, "sentinel": 2}
+SYNC_MODES = ("targeted", "grid")
 # What the engine runs by default on NVIDIA sm_90+ (kog.engine.monokernel.platform_default): the weight ring
 # with 3 slots and the next task's row read during the current one (bench/h200/ENGINE_NOTES.md, session 5)
 SM90_DEFAULT = dict(weight_ring=3, row_prefetch=1)
@@ -129,9 +125,6 @@ class EngineConfig:
             need(model.num_kv_heads % g == 0 and model.intermediate_size % g == 0,
                  f"tp_compat {g} must divide the KV heads ({model.num_kv_heads}) and intermediate_size "
                  f"({model.intermediate_size}), as tensor parallelism over {g} GPUs does")
-        if self.mode == "sentinel":
-            # the per-task GEMVs read x through the counters' waits; only the ring's reads the tagged words
-            need(self.weight_ring > 0, "mode 'sentinel' runs with the weight ring (weight_ring > 0)")
         need(0 <= self.weight_ring <= 16, f"weight_ring {self.weight_ring} not in 0..16")
         if self.weight_ring:
             need(self.pipeline_stages == 0 and self.blocked_prefetch == 0,

@@ -334,92 +334,15 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
 
 
 @triton.jit
-def _tag_store(ptrs, v, t1, mask):
-    """Sentinel mode (MODE 2): store fp32 values as 64-bit words (t1 << 32 | the value's bits). One aligned
-    8-byte store is single-copy atomic, so a reader that sees tag t1 (this token's) in a word has that word's
-    value: no CTA barrier, fence or counter publishes it."""
-    bits = v.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    tl.store(ptrs, bits | (t1.to(tl.int64) << 32), mask=mask)
-
-
-@triton.jit
-def _tag_late(wa, wb, mask, t1):
-    return tl.sum((((wa >> 32).to(tl.int32) != t1) & mask).to(tl.int32) +
-                  (((wb >> 32).to(tl.int32) != t1) & mask).to(tl.int32))
-
-
-@triton.jit
-def _tag_wait2(pa, pb, mask, t1, sync_ptr, err_ptr, max_spin, task, VENDOR: tl.constexpr):
-    """Sentinel mode: the fp32 values of the 64-bit words at pa and pb (same shape; where mask) once every one
-    carries tag t1: the load IS the wait (one L2 round trip when the data is there, where a counter wait costs
-    the poll and then the load). Bounded like every spin: a timeout records counter -5 for `task` (target
-    t1, value = words still missing) and aborts. Returns (a, b, polls)."""
-    wa = tl.load(pa, mask=mask, other=0, volatile=True)
-    wb = tl.load(pb, mask=mask, other=0, volatile=True)
-    late = _tag_late(wa, wb, mask, t1)
-    n = 0
-    ab = 0
-    while (late > 0) & (n < max_spin) & (ab == 0):
-        wa = tl.load(pa, mask=mask, other=0, volatile=True)
-        wb = tl.load(pb, mask=mask, other=0, volatile=True)
-        late = _tag_late(wa, wb, mask, t1)
-        n += 1
-        if n % 64 == 0:
-            ab = tl.load(sync_ptr + S_ABORT, volatile=True)
-    if late > 0:
-        if ab == 0:
-            if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
-                tl.store(err_ptr + 0, 1)
-                tl.store(err_ptr + 1, -5)
-                tl.store(err_ptr + 2, task)
-                tl.store(err_ptr + 3, t1)
-                tl.store(err_ptr + 4, late)
-    a = (wa & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-    b = (wb & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-    return a, b, n
-
-
-@triton.jit
-def _act_load(ptrs, t1, sync_ptr, err_ptr, max_spin, task, SENT: tl.constexpr, VENDOR: tl.constexpr):
-    """An activation vector another CTA produced earlier in this token (residuals): fp32 (.cg: not a stale L1
-    line), or, in sentinel mode, its tagged words once they carry t1."""
-    if SENT:
-        v, _, _n = _tag_wait2(ptrs, ptrs, tl.full(ptrs.shape, 1, tl.int1), t1, sync_ptr, err_ptr, max_spin, task,
-                              VENDOR)
-    else:
-        v = tl.load(ptrs, cache_modifier=".cg")
-    return v
-
-
-@triton.jit
-def _act_store(ptrs, v, t1, SENT: tl.constexpr, mask=None):
-    """An activation tile this CTA publishes: plain stores (a counter release follows), or tagged words."""
-    if SENT:
-        if mask is None:
-            _tag_store(ptrs, v, t1, tl.full(ptrs.shape, 1, tl.int1))
-        else:
-            _tag_store(ptrs, v, t1, mask)
-    else:
-        tl.store(ptrs, v, mask=mask)
-
-
-@triton.jit
 def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr,
-             DT: tl.constexpr, t1=0, sync_ptr=None, err_ptr=None, max_spin=0, task=0, SENT: tl.constexpr = False,
-             VENDOR: tl.constexpr = 0):
+             DT: tl.constexpr):
     """x[k0 + 2j] and x[k0 + 2j + 1] (j < BKC / 2, columns >= ne read 0) to meet a ring chunk's word pairs,
     times the RMSNorm weight when NORM: normalized first, exactly as HF, when one chunk spans K (K <= BKC);
-    else x * g, and ss = this chunk's sum of squares (the caller scales the dot product, as _gemv).
-    SENT: x is tagged words, and this load waits for them (_tag_wait2). Returns (xl, xh, ss, polls)."""
+    else x * g, and ss = this chunk's sum of squares (the caller scales the dot product, as _gemv)."""
     rj = tl.arange(0, BKC // 2)
     ok = 2 * rj < ne
-    n = 0
-    if SENT:
-        xl, xh, n = _tag_wait2(x_ptr + k0 + 2 * rj, x_ptr + k0 + 2 * rj + 1, ok, t1, sync_ptr, err_ptr, max_spin,
-                               task, VENDOR)
-    else:
-        xl = tl.load(x_ptr + k0 + 2 * rj, mask=ok, other=0.0)
-        xh = tl.load(x_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+    xl = tl.load(x_ptr + k0 + 2 * rj, mask=ok, other=0.0)
+    xh = tl.load(x_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
     ss = 0.0
     if NORM:
         gl = tl.load(g_ptr + k0 + 2 * rj, mask=ok, other=0.0)
@@ -432,7 +355,7 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
             ss = tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)
             xl = xl * gl
             xh = xh * gh
-    return xl, xh, ss, n
+    return xl, xh, ss
 
 
 @triton.jit
@@ -441,7 +364,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
                WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
                TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False,
-               PF: tl.constexpr = 0, SENT: tl.constexpr = False):
+               PF: tl.constexpr = 0):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
@@ -457,13 +380,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
         if WAIT:
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
-        if SENT & TRACE:
-            w0 = global_time_ns(VENDOR)
-        xl, xh, s2, npoll = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT, t1, sync_ptr, err_ptr, max_spin,
-                                     task, SENT, VENDOR)
-        if SENT & TRACE:
-            if npoll > 0:        # it had to wait for the input (a ready input is one load, not a wait)
-                waited += global_time_ns(VENDOR) - w0
+        xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
         ss += s2
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
         lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
@@ -772,8 +689,7 @@ def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
 @triton.jit
 def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, split, pos,
                 eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
-                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr, t1=0, sync_ptr=None, err_ptr=None,
-                max_spin=0, task=0, SENT: tl.constexpr = False, VENDOR: tl.constexpr = 0):
+                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr):
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
     positions [p0, p0 + BT) that precede pos, plus the new position pos when it falls in this split. Writes
     the split's softmax partial (acc, m, l) for the combine. kb0/vb0 were loaded by the caller before it
@@ -786,12 +702,8 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
     gq = tl.arange(0, GP)
     qm = gq < G
     qrow = (g * G + gq)[:, None] * HD
-    if SENT:             # the sentinel mode's wait for q, k, v: their loads (_tag_wait2)
-        q, qs, _n = _tag_wait2(qkv_ptr + qrow + d[None, :], qkv_ptr + qrow + dp[None, :], qm[:, None] & (d >= 0)[None, :],
-                               t1, sync_ptr, err_ptr, max_spin, task, VENDOR)
-    else:
-        q = tl.load(qkv_ptr + qrow + d[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
-        qs = tl.load(qkv_ptr + qrow + dp[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
+    q = tl.load(qkv_ptr + qrow + d[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
+    qs = tl.load(qkv_ptr + qrow + dp[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
     if QK_NORM:
         rq = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         q = _rnd(_rnd(q * rq[:, None], DT) * tl.load(qn_ptr + d)[None, :], DT)
@@ -805,14 +717,9 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
     if (pos >= p0) & (pos < p0 + BT):
         # this split holds the new position: its k/v enter from registers and go to the cache for later tokens
         kof = QS + g * HD
-        if SENT:
-            k, ks, _n = _tag_wait2(qkv_ptr + kof + d, qkv_ptr + kof + dp, d >= 0, t1, sync_ptr, err_ptr, max_spin,
-                                   task, VENDOR)
-            v = _act_load(qkv_ptr + QS + KVS + g * HD + d, t1, sync_ptr, err_ptr, max_spin, task, SENT, VENDOR)
-        else:
-            k = tl.load(qkv_ptr + kof + d, cache_modifier=".cg")
-            ks = tl.load(qkv_ptr + kof + dp, cache_modifier=".cg")
-            v = tl.load(qkv_ptr + QS + KVS + g * HD + d, cache_modifier=".cg")
+        k = tl.load(qkv_ptr + kof + d, cache_modifier=".cg")
+        ks = tl.load(qkv_ptr + kof + dp, cache_modifier=".cg")
+        v = tl.load(qkv_ptr + QS + KVS + g * HD + d, cache_modifier=".cg")
         if QK_NORM:
             rk_ = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
             k = _rnd(_rnd(k * rk_, DT) * tl.load(kn_ptr + d), DT)
@@ -833,7 +740,7 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
 
 @triton.jit
 def _attn_combine(part_ptr, attn_ptr, g, n_act, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                  GH: tl.constexpr, SP: tl.constexpr, DT: tl.constexpr, t1=0, SENT: tl.constexpr = False):
+                  GH: tl.constexpr, SP: tl.constexpr, DT: tl.constexpr):
     """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output
     (GH = G rounded up to a power of two)."""
     sp = tl.arange(0, SP)
@@ -848,8 +755,7 @@ def _attn_combine(part_ptr, attn_ptr, g, n_act, S, HD: tl.constexpr, G: tl.const
     M = tl.max(m, axis=0)                                              # [GH]
     w = tl.where(sm[:, None], tl.exp(m - M[None, :]), 0.0)             # [SP, GH]
     o = tl.sum(a * w[:, :, None], axis=0) / tl.sum(l * w, axis=0)[:, None]
-    _act_store(attn_ptr + (g * G + gq)[:, None] * HD + d[None, :], _rnd(o, DT), t1, SENT,
-               mask=(gq < G)[:, None] & (d >= 0)[None, :])
+    tl.store(attn_ptr + (g * G + gq)[:, None] * HD + d[None, :], _rnd(o, DT), mask=(gq < G)[:, None])
 
 
 @triton.jit
@@ -1007,7 +913,6 @@ def monokernel(
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
     WAIT: tl.constexpr = MODE == 1
-    SENT: tl.constexpr = MODE == 2     # sentinel: activations are tagged words; loading them is the wait
     DT: tl.constexpr = w_ptr.dtype.element_ty
     BK_GU: tl.constexpr = BK // 2 if BK >= 128 else BK   # gate+up: two tiles, same registers as one
     AW: tl.constexpr = 7 if TP else 5                      # columns of the activation-offset table
@@ -1134,7 +1039,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
-                            ring_sz_ptr, RING_SIZES, PF_DIST, SENT)
+                            ring_sz_ptr, RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1144,7 +1049,7 @@ def monokernel(
                     y = acc
                     if HAS_BIAS:
                         y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
-                    _act_store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT), t1, SENT)
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
                     pend_n += 1
                 elif dtyp == T_ATTN:
                     # one split of one KV head; the last split to arrive merges the partials and publishes
@@ -1169,16 +1074,10 @@ def monokernel(
                                                 w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
                             if TRACE:
                                 waited = global_time_ns(VENDOR) - t_start
-                        if SENT & TRACE:     # instrumented: the wait for this head's q rows, timed on its own
-                            qp = act_ptr + tl.load(aoff_ptr + lrow + 1) + g * G * HD + tl.arange(0, GP * HD)
-                            _tag_wait2(qp, qp, tl.arange(0, GP * HD) < G * HD, t1, sync_ptr, err_ptr, max_spin, ti,
-                                       VENDOR)
-                            waited = global_time_ns(VENDOR) - t_start
                         _attn_split(act_ptr + tl.load(aoff_ptr + lrow + 1), part_ptr, kbase, kbase + kc_layer, kb0,
                                     vb0, p0, cos_ptr, sin_ptr, small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
-                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM, t1, sync_ptr, err_ptr, max_spin, ti,
-                                    SENT, VENDOR)
+                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM)
                     tl.debug_barrier()
                     # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
                     # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
@@ -1188,7 +1087,7 @@ def monokernel(
                     if old == (step + 1) * attn_S - 1:
                         n_act = tl.minimum((pos - p_lo) // BT + 1, attn_S)
                         _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
-                                      GH, SP, DT, t1, SENT)
+                                      GH, SP, DT)
                         pend_n += 1
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
@@ -1198,7 +1097,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
-                            RING_SIZES, PF_DIST, SENT)
+                            RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1207,10 +1106,9 @@ def monokernel(
                     if TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rounded_sum(acc, DT, TPC))
                     else:
-                        h = _act_load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, t1, sync_ptr, err_ptr, max_spin,
-                                      ti, SENT, VENDOR)
-                        _act_store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows,
-                                   _rnd(h + _rounded_sum(acc, DT, TPC), DT), t1, SENT)
+                        h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows,
+                                 _rnd(h + _rounded_sum(acc, DT, TPC), DT))
                     pend_n += 1
                 elif dtyp == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
@@ -1220,7 +1118,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
-                            ring_sz_ptr, RING_SIZES, PF_DIST, SENT)
+                            ring_sz_ptr, RING_SIZES, PF_DIST)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1230,7 +1128,7 @@ def monokernel(
                                                         I * H, PFB, TRACE, VENDOR)
                     gt = _rnd(ag, DT)
                     y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # HF: silu(g) * u in bf16
-                    _act_store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y, t1, SENT)
+                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y)
                     pend_n += 1
                 elif dtyp == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
@@ -1240,7 +1138,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
-                            RING_SIZES, PF_DIST, SENT)
+                            RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1249,10 +1147,9 @@ def monokernel(
                     if TP:
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 6) + rows, _rounded_sum(acc, DT, TPC))
                     else:
-                        hm = _act_load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, t1, sync_ptr, err_ptr, max_spin,
-                                       ti, SENT, VENDOR)
-                        _act_store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows,
-                                   _rnd(hm + _rounded_sum(acc, DT, TPC), DT), t1, SENT)
+                        hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows,
+                                 _rnd(hm + _rounded_sum(acc, DT, TPC), DT))
                     pend_n += 1
                 elif dtyp == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
@@ -1262,7 +1159,7 @@ def monokernel(
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
-                            RING_SIZES, PF_DIST, SENT)
+                            RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,
@@ -1332,7 +1229,7 @@ def monokernel(
                 rh = tl.arange(0, BK)
                 for k0 in range(0, H, BK):
                     e = tl.load(embed_ptr + tl.cast(tok, tl.int64) * H + k0 + rh, mask=k0 + rh < H, other=0.0)
-                    _act_store(act_ptr + k0 + rh, e.to(tl.float32), t1 + 1, SENT, mask=k0 + rh < H)
+                    tl.store(act_ptr + k0 + rh, e.to(tl.float32), mask=k0 + rh < H)
                 tl.debug_barrier()
                 tl.atomic_xchg(sync_ptr + S_TOK, t1, sem="release", scope="gpu")
     if RING > 0:

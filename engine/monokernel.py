@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.engine_config import MODE_CODES, EngineConfig, sm90_default
+from kog.engine.engine_config import EngineConfig, sm90_default
 from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_BAR, TASK_NAMES, Plan,
                              make_plan)
 from kog.engine.sampling import sample_mode
@@ -154,9 +154,7 @@ class Monokernel:
         aoff[L + 1, 0] = o
         self.aoff = torch.tensor(aoff, device=dev)
         self._aoff_np = aoff
-        # sentinel mode: each activation is an int64 word (token tag << 32 | float32 bits), kog.engine.kernel
-        self.act = torch.zeros(o + H, dtype=torch.int64 if self.ecfg.mode == "sentinel" else torch.float32,
-                               device=dev)
+        self.act = torch.zeros(o + H, dtype=torch.float32, device=dev)
         self.gpow = _next_pow2(p.grid)
         self.partial_v = torch.zeros(self.gpow + cfg.vocab_size, dtype=torch.float32, device=dev)
         self.partial_i = torch.zeros(self.gpow, dtype=torch.int32, device=dev)
@@ -301,12 +299,7 @@ class Monokernel:
         self.cnt.zero_()
         self.sync.zero_()
         self.err.zero_()
-        if e.mode == "sentinel":
-            # tags count the launch's tokens from 1: last launch's words must not pass for this one's
-            self.act.zero_()
-            self.act[: cfg.hidden_size] = tagged_words(self.embed[first_token].float(), 1)
-        else:
-            self.act[: cfg.hidden_size] = self.embed[first_token].float()
+        self.act[: cfg.hidden_size] = self.embed[first_token].float()
         mode = sample_mode(temperature, top_k, top_p)
         g = cfg.num_heads // cfg.num_kv_heads
         window = getattr(cfg, "sliding_window", None) or 0
@@ -323,7 +316,7 @@ class Monokernel:
                     SP=_next_pow2(self.attn_splits),
                     HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
-                    BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=MODE_CODES[e.mode],
+                    BK=e.block_k, BT=e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
                     SAMPLE=mode, TRACE=bool(trace),
                     VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                     PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
@@ -419,8 +412,6 @@ class Monokernel:
             return "the start-up SM rendezvous"
         if idx == -4:
             return "a weight-ring slot (its bulk copy never landed)"
-        if idx == -5:
-            return "the task's input activations (sentinel mode: words still without this token's tag)"
         lay = self.plan.layout
         best = None
         for layer in range(lay.shape[0]):
@@ -515,11 +506,6 @@ class Monokernel:
         out["trace_overhead"] = traced / plain - 1.0
         out["untraced_seconds_per_token"] = plain / n
         return out
-
-
-def tagged_words(v: torch.Tensor, tag: int) -> torch.Tensor:
-    """float32 values as the sentinel mode's activation words: tag << 32 | the value's bits."""
-    return (v.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF) | (int(tag) << 32)
 
 
 def precompile(model_cfg: ModelConfig, engine_cfg: EngineConfig) -> None:

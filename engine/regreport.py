@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.engine_config import MODE_CODES, EngineConfig
+from kog.engine.engine_config import EngineConfig
 from kog.probe.errors import KogError, UsageError, cli_entry
 
 PROG = "python -m kog.engine.regreport"
@@ -104,7 +104,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     pos0, n = prompt_len - 1, tokens
     window = getattr(cfg, "sliding_window", None) or 0
     args = (T(dt), T(i64), T(f32), T(i64), T(dt), T(f32), T(f32), T(dt),
-            T(i64 if e.mode == "sentinel" else f32), T(i32), T(f32), 1 if write_logits else 0, T(f32), attn_splits, T(f32), T(i32), T(i32), T(i32),
+            T(f32), T(i32), T(f32), 1 if write_logits else 0, T(f32), attn_splits, T(f32), T(i32), T(i32), T(i32),
             T(i32), n_eos,
             T(i32), T(i32), T(i32), T(i32), T(i32), T(i32), p.n_counters,
             T(i32), 1 if e.mapping == "topology" else 0,
@@ -118,7 +118,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 SP=_next_pow2(attn_splits),
                 HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                 BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
-                BK=e.block_k, BT=e.attn_block, GPOW=gpow, MODE=MODE_CODES[e.mode],
+                BK=e.block_k, BT=e.attn_block, GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
                 SAMPLE=mode, TRACE=bool(trace),
                 VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                 PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),

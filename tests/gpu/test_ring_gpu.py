@@ -40,7 +40,7 @@ for name, cfg in variants.items():
     w = random_weights(cfg, "cuda", seed=4, dtype=torch.bfloat16)
     ref = Reference(cfg, w, 128).greedy(prompt, 20)
     rl = Reference(cfg, w, 128).teacher_forced_logits(prompt, ref).float()
-    for mode in ("targeted", "grid", "sentinel"):
+    for mode in ("targeted", "grid"):
         for ring, bk, rowpf, pf in ((3, 256, 1, 2), (2, 128, 0, 0)):
             e = EngineConfig(mode=mode, weight_ring=ring, block_k=bk, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8,
                              bn_lm=8, row_prefetch=rowpf, prefetch=pf)
