@@ -347,12 +347,13 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
     if NORM:
         gl = tl.load(g_ptr + k0 + 2 * rj, mask=ok, other=0.0)
         gh = tl.load(g_ptr + k0 + 2 * rj + 1, mask=ok, other=0.0)
+        # one reduction for both halves: each is a shuffle chain, a shared-memory round and a CTA barrier
         if K <= BKC:
-            r = 1.0 / tl.sqrt((tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)) / K + eps)
+            r = 1.0 / tl.sqrt(tl.sum(xl * xl + xh * xh, axis=0) / K + eps)
             xl = _rnd(_rnd(xl * r, DT) * gl, DT)
             xh = _rnd(_rnd(xh * r, DT) * gh, DT)
         else:
-            ss = tl.sum(xl * xl, axis=0) + tl.sum(xh * xh, axis=0)
+            ss = tl.sum(xl * xl + xh * xh, axis=0)
             xl = xl * gl
             xh = xh * gh
     return xl, xh, ss
@@ -372,6 +373,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
     DT: tl.constexpr = w_ptr.dtype.element_ty
     acc = tl.zeros([BN], dtype=tl.float32)
     acc2 = tl.zeros([BN], dtype=tl.float32)
+    accg = tl.zeros([2 * BN], dtype=tl.float32)     # GU: gate rows then up rows, split after the K loop
     ss = 0.0
     waited = tl.zeros([], dtype=tl.int64)
     for k0 in range(0, K, BKC):
@@ -383,12 +385,15 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
         xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
         ss += s2
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
-        lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
-        acc += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
-        if GU:
-            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, BN, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
-            acc2 += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
+        if GU:   # the gate and up rows of the chunk as ONE [2 BN, BKC / 2] tile: one row reduction, not two
+            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, 2 * BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
+            accg += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
+        else:
+            lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
+            acc += tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
         cn += 1
+    if GU:
+        acc, acc2 = tl.split(tl.trans(tl.reshape(accg, [2, BN])))
     if NORM:
         if K > BKC:
             r = 1.0 / tl.sqrt(ss / K + eps)
