@@ -555,9 +555,9 @@ class KogSystem:
 
 def platform_default(cfg: ModelConfig, device=None) -> EngineConfig:
     """The built-in config for this GPU: on NVIDIA sm_90+ (cp.async.bulk) engine_config.sm90_default (the
-    weight ring with 3 slots and the next task's row loaded during the current one; bench/h200/ENGINE_NOTES.md:
-    1,024 vs 920 tok/s in one run on the H200, llama-3.2-1b), elsewhere (the interpreter, AMD, older NVIDIA)
-    EngineConfig() as it is."""
+    weight ring with 3 slots, or 2 where shared memory needs it, the next task's row loaded during the current
+    one, 64 positions per attention split; bench/h200/ENGINE_NOTES.md: 1,024 vs 920 tok/s for the ring in one
+    run on the H200, llama-3.2-1b), elsewhere (the interpreter, AMD, older NVIDIA) EngineConfig() as it is."""
     try:
         import torch as _t
         if (_t.cuda.is_available() and not getattr(_t.version, "hip", None)

@@ -267,13 +267,17 @@ def test_weight_ring_order_packing_and_validation():
 
 
 def test_weight_ring_defaults_and_shared_memory_budget():
-    """sm90_default turns the ring on only where no K pads a chunk; validate() refuses a ring the SM's
-    shared memory cannot hold for ctas_per_sm CTAs."""
+    """sm90_default takes the ring with as many slots (3, else 2) as the SM's shared memory holds for two CTAs
+    (Triton's own grows with attn_block x head_dim: sheared-llama-2.7b's 3 slots failed at launch on the
+    H200); validate() refuses a ring that cannot fit."""
     from kog.engine.engine_config import SM90_DEFAULT, sm90_default
     from kog.engine.ring import padded_fraction
     assert sm90_default(PRESETS["llama-3.2-1b"]) == EngineConfig(**SM90_DEFAULT)
     sheared = PRESETS["sheared-llama-2.7b"]
-    assert sm90_default(sheared) == EngineConfig()
+    assert sm90_default(sheared) == EngineConfig(**dict(SM90_DEFAULT, weight_ring=2))
+    with pytest.raises(ConfigError, match="does not fit"):
+        EngineConfig(**SM90_DEFAULT).validate(sheared)
+    assert sm90_default(PRESETS["tiny"].replace(head_dim=4096)) == EngineConfig()   # not even 2 slots
     bn = {t: 8 for t in range(6)}
     assert padded_fraction(H=sheared.hidden_size, I=sheared.intermediate_size, QS=sheared.q_size, block_k=2048,
                            bn=bn) == pytest.approx(0.25)
