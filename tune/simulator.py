@@ -267,7 +267,7 @@ _SOURCES = [
      "attention history block loaded before the wait, per-KV-head attention", _OLD_DEFAULTS, False, 256, False),
     ("bench/h200/llama-3.2-1b.json", "7727f49", "4c955f7",
      "defaults from the sweep (2 CTAs/SM, 8-row tiles), per-KV-head attention", _NEW_DEFAULTS, False, 512, True),
-    ("bench/h200/sheared-llama-2.7b.json", None, "4c955f7",
+    ("bench/h200/sheared-llama-2.7b.json", "0bd2947", "4c955f7",
      "defaults from the sweep (2 CTAs/SM, 8-row tiles), per-KV-head attention", _NEW_DEFAULTS, False, 512, True),
     ("bench/h200/engine_check_attnsplit_2026-11-29.json", None, "541e351",
      "attention split over cache positions (last arriver merges), HF rounding points", _SPLIT_DEFAULTS, True, 256,
