@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.engine_config import EngineConfig, sm90_default
+from kog.engine.engine_config import EngineConfig, fits, sm90_default
 from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_BAR, TASK_NAMES, Plan,
                              make_plan)
 from kog.engine.sampling import sample_mode
@@ -521,14 +521,19 @@ class KogSystem:
     """The monokernel as a `kogtune bench` system (EOS ignored, greedy, tuned config when one is stored)."""
 
     def __init__(self, cfg: ModelConfig, weights, device, mode: str, ecfg: EngineConfig | None = None):
-        self.cfg, self.weights, self.device = cfg, weights, device
+        self.cfg, self.weights, self.device, self.mode = cfg, weights, device, mode
+        self.explicit = ecfg is not None
         self.ecfg = (ecfg or _default_config(cfg, device)).replace(mode=mode)
         self.mk: Monokernel | None = None
         self._last_prompt: list[int] | None = None
 
     def _engine(self, need: int) -> Monokernel:
         if self.mk is None or self.mk.max_seq < need:
-            self.mk = Monokernel(self.cfg, self.weights, self.ecfg, self.device, max_seq=max(need, 64),
+            max_seq = max(need, 64)
+            if not self.explicit:     # the default for this cache length (a long one may need fewer ring slots)
+                span = min(max_seq, getattr(self.cfg, "sliding_window", None) or max_seq)
+                self.ecfg = _default_config(self.cfg, self.device, span).replace(mode=self.mode)
+            self.mk = Monokernel(self.cfg, self.weights, self.ecfg, self.device, max_seq=max_seq,
                                  trace_tokens=8)
             self.mk.n_eos = 0
         return self.mk
@@ -553,7 +558,7 @@ class KogSystem:
         return out
 
 
-def platform_default(cfg: ModelConfig, device=None) -> EngineConfig:
+def platform_default(cfg: ModelConfig, device=None, span: int | None = None) -> EngineConfig:
     """The built-in config for this GPU: on NVIDIA sm_90+ (cp.async.bulk) engine_config.sm90_default (the
     weight ring with 3 slots, or 2 where shared memory needs it, the next task's row loaded during the current
     one, 64 positions per attention split; bench/h200/ENGINE_NOTES.md: 1,024 vs 920 tok/s for the ring in one
@@ -562,24 +567,25 @@ def platform_default(cfg: ModelConfig, device=None) -> EngineConfig:
         import torch as _t
         if (_t.cuda.is_available() and not getattr(_t.version, "hip", None)
                 and _t.cuda.get_device_capability(device) >= (9, 0) and vendor_code() != INTERPRET):
-            return sm90_default(cfg)
+            return sm90_default(cfg, span)
     except (ConfigError, RuntimeError, AssertionError):
         pass
     return EngineConfig()
 
 
-def _default_config(cfg: ModelConfig, device) -> EngineConfig:
-    """The tuned config stored for this GPU and model shape, else the platform's built-in default."""
+def _default_config(cfg: ModelConfig, device, span: int | None = None) -> EngineConfig:
+    """The tuned config stored for this GPU and model shape (when it fits a cache of `span` positions), else
+    the platform's built-in default for that span."""
     try:
         import torch as _t
         from kog.tune.store import best_config
         name = _t.cuda.get_device_name(device) if _t.cuda.is_available() else "cpu"
         best = best_config(name, cfg)
-        if best is not None:
+        if best is not None and fits(best, cfg, span):
             return best
     except Exception:
         pass
-    return platform_default(cfg, device)
+    return platform_default(cfg, device, span)
 
 
 def _register() -> None:

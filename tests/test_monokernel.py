@@ -278,6 +278,11 @@ def test_weight_ring_defaults_and_shared_memory_budget():
     with pytest.raises(ConfigError, match="does not fit"):
         EngineConfig(**SM90_DEFAULT).validate(sheared)
     assert sm90_default(PRESETS["tiny"].replace(head_dim=4096)) == EngineConfig()   # not even 2 slots
+    # a long cache widens the attention block (64 splits at most), and Triton's tile with it: 2 slots then
+    m1 = PRESETS["llama-3.2-1b"]
+    assert sm90_default(m1, span=4096).weight_ring == 3 and sm90_default(m1, span=8192).weight_ring == 2
+    with pytest.raises(ConfigError, match="does not fit"):
+        EngineConfig(**SM90_DEFAULT).attn_layout(8192)[0].validate(m1)
     bn = {t: 8 for t in range(6)}
     assert padded_fraction(H=sheared.hidden_size, I=sheared.intermediate_size, QS=sheared.q_size, block_k=2048,
                            bn=bn) == pytest.approx(0.25)
