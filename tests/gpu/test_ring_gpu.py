@@ -2,9 +2,8 @@
 the reference's greedy tokens until its first near-tie and teacher-forced logits within the bf16 gate, in
 both sync modes, for llama / qwen2 (bias, K not a multiple of the chunk) / qwen3 shapes; and a ring the SMs
 cannot hold is a clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for
-the CPU suite). Passed on the lent H200 at 40c3970 (the ring kernel of main since a484c6b), before its
-row_prefetch variant (the sm_90 default) was added; that variant has run on the H200 only in bench/engine_check
-(correct: bench/h200/engine_check_ring_rowpf_2026-11-30.json)."""
+the CPU suite). Passed on the lent H200 at 40c3970, 4bed711 and 3d651d6 (with the row_prefetch and ring L2
+prefetch variants and the one-tile gate_up)."""
 from __future__ import annotations
 
 import json
