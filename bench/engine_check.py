@@ -6,12 +6,14 @@ python3 bench/engine_check.py [--quick]
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 import traceback
+from unittest.mock import patch
 
 import torch
 
@@ -118,19 +120,9 @@ def plan_toggles(g):
     return {k: v for k, v in g.items() if not k.startswith("_")}, {k[1:]: v for k, v in g.items() if k.startswith("_")}
 
 
-class plan_flags:
-    def __init__(self, flags):
-        import kog.engine.plan as plan_mod
-        self.mod, self.flags, self.old = plan_mod, flags, {}
-
-    def __enter__(self):
-        for k, v in self.flags.items():
-            self.old[k] = getattr(self.mod, k)
-            setattr(self.mod, k, v)
-
-    def __exit__(self, *exc):
-        for k, v in self.old.items():
-            setattr(self.mod, k, v)
+def plan_flags(flags):
+    """The plan-module flags of one sweep entry, set for a `with` block (none: nothing to patch)."""
+    return patch.multiple("kog.engine.plan", **flags) if flags else contextlib.nullcontext()
 
 
 def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):

@@ -50,7 +50,7 @@ def test_counters_cover_each_buffer():
     assert p.layout[0, BUF_HMID] - a0 == LLAMA.num_kv_heads // 2
 
 
-def test_attention_counters_by_sync_rows():
+def test_attention_counters_by_sync_rows(monkeypatch):
     """O reads the whole attention output: with sync_rows >= q_size it polls ONE counter that all KV
     heads' merges bump (was one per KV head, polled one after another); sync_rows below a KV group still
     gets one counter per group; the per-group layout stays available for same-run comparisons."""
@@ -62,13 +62,9 @@ def test_attention_counters_by_sync_rows():
     assert p.layout[0, BUF_HMID] - a0 == 1 and p.target[a0] == g
     p = make_plan(LLAMA, EngineConfig(sync_rows=64, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8), 132)
     assert p.rows_per_counter[BUF_ATTN] == group_rows
-    old = plan_mod.ATTN_COUNTER_PER_GROUP
-    try:
-        plan_mod.ATTN_COUNTER_PER_GROUP = True
-        p = make_plan(LLAMA, EngineConfig(sync_rows=4096), 132)
-        assert p.rows_per_counter[BUF_ATTN] == group_rows
-    finally:
-        plan_mod.ATTN_COUNTER_PER_GROUP = old
+    monkeypatch.setattr(plan_mod, "ATTN_COUNTER_PER_GROUP", True)
+    p = make_plan(LLAMA, EngineConfig(sync_rows=4096), 132)
+    assert p.rows_per_counter[BUF_ATTN] == group_rows
 
 
 def test_topology_mapping_uses_the_probe_partitions():
