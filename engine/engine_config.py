@@ -183,9 +183,9 @@ def fits(e: EngineConfig, model: ModelConfig, span: int | None = None) -> bool:
 def sm90_default(model: ModelConfig, span: int | None = None) -> EngineConfig:
     """The built-in config on NVIDIA sm_90+: SM90_DEFAULT, with fewer ring slots where the model's shared
     memory needs them (sheared-llama-2.7b: head_dim 128, 2 slots; its K not a multiple of the chunk use the
-    ring's short steps, RING_SIZES: 371.2 vs 325.5 tok/s without the ring on the H200, session 6), for a
-    cache of `span` positions when given (beyond 4,096 the widened attention block takes shared memory the
-    third slot needed), else EngineConfig()."""
+    ring's short steps, RING_SIZES: 371.2 vs 325.5 tok/s without the ring on the H200, two runs one device
+    call apart, session 6), for a cache of `span` positions when given (beyond 4,096 the widened attention
+    block takes shared memory the third slot needed), else EngineConfig()."""
     e = EngineConfig()
     for slots in range(SM90_DEFAULT["weight_ring"], 1, -1):
         c = e.replace(**dict(SM90_DEFAULT, weight_ring=slots))

@@ -76,7 +76,8 @@ def padded_fraction(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]
     in a short step (sheared-llama-2.7b at block_k 2048: 2560 columns = 2048 + 512). The launcher then packs
     such steps densely and copies each chunk at its own size (RING_SIZES: a per-chunk byte table, the
     consumer reads short steps with row pitch ne), so no padding is streamed (measured on the H200:
-    sheared-llama-2.7b 371.2 vs 325.5 tok/s without the ring; bench/h200/ENGINE_NOTES.md, session 6)."""
+    sheared-llama-2.7b 371.2 vs 325.5 tok/s without the ring, two runs one device call apart;
+    bench/h200/ENGINE_NOTES.md, session 6)."""
     real = padded = 0
     for typ in (T_QKV, T_O, T_GU, T_DOWN):
         K, bkc, _ = chunk_shape(typ, H=H, I=I, QS=QS, block_k=block_k, bn=bn)
