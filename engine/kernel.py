@@ -914,6 +914,9 @@ def monokernel(
     # the weight ring (EngineConfig.weight_ring; kog.engine.ring): RING slots of SLOTB bytes; off by default
     RING: tl.constexpr = 0, SLOTB: tl.constexpr = 0, ring_lo_ptr=None, gring_ptr=None,
     RING_SIZES: tl.constexpr = False, ring_sz_ptr=None,
+    # the ring's chunk width per phase (kog.engine.ring.kernel_chunk_cols: a slot's worth of the phase's rows)
+    BKC_QKV: tl.constexpr = 0, BKC_O: tl.constexpr = 0, BKC_GU: tl.constexpr = 0, BKC_DOWN: tl.constexpr = 0,
+    BKC_LM: tl.constexpr = 0,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -1043,7 +1046,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
-                            tasks_ptr, t_hi, H, BN_QKV, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
+                            tasks_ptr, t_hi, H, BN_QKV, BKC_QKV, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
@@ -1101,7 +1104,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
-                            BN_O, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
+                            BN_O, BKC_O, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
@@ -1122,7 +1125,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
-                            tasks_ptr, t_hi, H, BN_GU, BK_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
+                            tasks_ptr, t_hi, H, BN_GU, BKC_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
@@ -1142,7 +1145,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
-                            BN_DOWN, BK, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
+                            BN_DOWN, BKC_DOWN, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
@@ -1163,7 +1166,7 @@ def monokernel(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
-                            BN_LM, BK, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
+                            BN_LM, BKC_LM, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),

@@ -192,8 +192,8 @@ class Monokernel:
         (they replace the task-order buffer: the ring path reads nothing else), each CTA's first chunk, and
         the interpreter's global-memory stand-in for the shared-memory slots."""
         from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-        from kog.engine.ring import (pack_ring_weights, padded_fraction, phase_bn, ring_bytes, ring_chunk_bytes,
-                                     ring_order, slot_bytes)
+        from kog.engine.ring import (kernel_chunk_cols, pack_ring_weights, padded_fraction, phase_bn, ring_bytes,
+                                     ring_chunk_bytes, ring_order, slot_bytes)
         e, cfg = self.ecfg, self.cfg
         self.ring_extra_smem = 0
         if not e.weight_ring:
@@ -216,6 +216,7 @@ class Monokernel:
                                     device=self.device)
         self.ring_lo = torch.tensor(lo.astype(np.int32), dtype=torch.int32, device=self.device)
         self.slot_bytes = slot_bytes(block_k=e.block_k, bn=bn)
+        self.ring_cols = kernel_chunk_cols(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_extra_smem = ring_bytes(e.weight_ring, block_k=e.block_k, bn=bn)
         n = self.plan.grid * e.weight_ring * self.slot_bytes // 2 if self.vendor == INTERPRET else 1
         self.gring = torch.zeros(n, dtype=self.wbuf.dtype, device=self.device)
@@ -327,7 +328,7 @@ class Monokernel:
             meta.update(TPC=int(e.tp_compat))
         if e.weight_ring:
             meta.update(RING=int(e.weight_ring), SLOTB=int(self.slot_bytes), ring_lo_ptr=self.ring_lo,
-                        gring_ptr=self.gring)
+                        gring_ptr=self.gring, **self.ring_cols)
             if self.ring_sizes:
                 meta.update(RING_SIZES=True, ring_sz_ptr=self.ring_sz)
         if self.vendor == 1:

@@ -128,10 +128,11 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     if e.tp_compat > 1:
         meta.update(TPC=int(e.tp_compat))
     if e.weight_ring:
-        from kog.engine.ring import padded_fraction, phase_bn, slot_bytes
+        from kog.engine.ring import kernel_chunk_cols, padded_fraction, phase_bn, slot_bytes
         bn = phase_bn(e)
         meta.update(RING=int(e.weight_ring), SLOTB=slot_bytes(block_k=e.block_k, bn=bn), ring_lo_ptr=T(i32),
-                    gring_ptr=T(dt))
+                    gring_ptr=T(dt), **kernel_chunk_cols(H=cfg.hidden_size, I=cfg.intermediate_size,
+                                                         QS=cfg.q_size, block_k=e.block_k, bn=bn))
         if padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=e.block_k, bn=bn):
             meta.update(RING_SIZES=True, ring_sz_ptr=T(i32))
     if vendor == 1:

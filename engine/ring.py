@@ -49,12 +49,29 @@ def launch_smem(triton_shared: int, ring_extra: int) -> int:
     return -(-triton_shared // 1024) * 1024 + ring_extra
 
 
+def _pow2ceil(n: int) -> int:
+    return 1 << (int(n) - 1).bit_length()
+
+
 def chunk_shape(typ: int, *, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[int, int, int]:
-    """(K, columns per chunk, rows per chunk) of a GEMV task type."""
+    """(K, columns per chunk, rows per chunk) of a GEMV task type.
+
+    A chunk fills one slot: as many columns as a slot holds for the phase's rows (gate_up: its bn gate rows
+    and bn up rows), at most the power of two that covers K. With every bn equal that is block_k (gate_up:
+    block_k / 2); a phase with fewer rows gets wider chunks, so fewer rows share each per-chunk row
+    reduction (bn_gate_up 4 at bn 8 elsewhere: gate_up's [8, 2048] chunk spans all of a 2048-wide K, one
+    chunk per task)."""
     K = {T_QKV: H, T_O: QS, T_GU: H, T_DOWN: I, T_LM: H}[typ]
-    bkc = block_k // 2 if typ == T_GU else block_k
     rows = 2 * bn[typ] if typ == T_GU else bn[typ]
+    bkc = min(slot_elems(block_k=block_k, bn=bn) // rows, _pow2ceil(K))
     return K, bkc, rows
+
+
+def kernel_chunk_cols(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> dict[str, int]:
+    """The monokernel's per-phase chunk widths (constexprs BKC_*), as chunk_shape gives them."""
+    dims = dict(H=H, I=I, QS=QS, block_k=block_k, bn=bn)
+    names = {T_QKV: "BKC_QKV", T_O: "BKC_O", T_GU: "BKC_GU", T_DOWN: "BKC_DOWN", T_LM: "BKC_LM"}
+    return {name: chunk_shape(t, **dims)[1] for t, name in names.items()}
 
 
 def slot_elems(*, block_k: int, bn: dict[int, int]) -> int:
@@ -165,14 +182,17 @@ def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: i
     tight: short last K steps stored densely, see _matrix_chunks)."""
     import torch
     slot = slot_elems(block_k=block_k, bn=bn)
+    L0 = weights.layer(0)
+    dims = dict(H=L0["wqkv"].shape[1], I=L0["w_down"].shape[1], QS=L0["wo"].shape[1], block_k=block_k, bn=bn)
+    bkc = {t: chunk_shape(t, **dims)[1] for t in (T_QKV, T_O, T_GU, T_DOWN, T_LM)}
     nat = []
     for layer in range(num_layers):
         L = weights.layer(layer)
-        nat.append(_matrix_chunks(L["wqkv"], bn[T_QKV], block_k, slot, tight=tight))
-        nat.append(_matrix_chunks(L["wo"], bn[T_O], block_k, slot, tight=tight))
-        nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], block_k // 2, slot, up=L["w_up"], tight=tight))
-        nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], block_k, slot, tight=tight))
-    nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], block_k, slot, tight=tight))
+        nat.append(_matrix_chunks(L["wqkv"], bn[T_QKV], bkc[T_QKV], slot, tight=tight))
+        nat.append(_matrix_chunks(L["wo"], bn[T_O], bkc[T_O], slot, tight=tight))
+        nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], bkc[T_GU], slot, up=L["w_up"], tight=tight))
+        nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], bkc[T_DOWN], slot, tight=tight))
+    nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], bkc[T_LM], slot, tight=tight))
     nat = torch.cat(nat, 0)
     idx = torch.as_tensor(order, device=nat.device)
     return nat.index_select(0, idx).reshape(-1)

@@ -199,27 +199,57 @@ def test_flat_chunk_table():
         FLAT.replace(bn_lm=64).validate(TINY)
 
 
-# K that are multiples of the 128-column chunk (the ring's plain path, the H200 default's), and the tiny
-# model's hidden 64 (every qkv / lm chunk a short one: tight packing, per-chunk copy sizes)
+# K that are multiples of the 128-column chunk (the ring's plain path, the H200 default's), and down's
+# K = 320 = 128 + 128 + 64 (a short last step: tight packing, per-chunk copy sizes)
 RING_WHOLE = TINY.replace(hidden_size=128, intermediate_size=256, head_dim=32)
-RING_SHORT = TINY.replace(intermediate_size=384)
+RING_SHORT = TINY.replace(intermediate_size=320)
 
 
-@pytest.mark.parametrize("cfg, mode, slots, rowpf", [(RING_SHORT, "targeted", 2, 0), (RING_SHORT, "grid", 3, 0),
-                                                     (RING_WHOLE, "targeted", 3, 1), (RING_WHOLE, "grid", 2, 1)])
-def test_weight_ring_matches_reference(cfg, mode, slots, rowpf):
+EQUAL_BN = dict(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=16)
+WIDE_GU = dict(EQUAL_BN, bn_gate_up=8)        # gate_up's 2 x 8 rows fill a slot as [16, 128]: one chunk per task
+
+
+@pytest.mark.parametrize("cfg, mode, slots, rowpf, bns", [(RING_SHORT, "targeted", 2, 0, EQUAL_BN),
+                                                          (RING_SHORT, "grid", 3, 0, WIDE_GU),
+                                                          (RING_WHOLE, "targeted", 3, 1, WIDE_GU),
+                                                          (RING_WHOLE, "grid", 2, 1, EQUAL_BN)])
+def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     """weight_ring: every GEMV reads its weights from the CTA's ring of slots, filled ahead across tasks,
     phases, layers and tokens (interpreter: the ring emulated in global memory, same cursors). down has
-    K = 256 or 384 = 2 or 3 chunks of 128, so chunks of one task also follow each other through the slots.
-    With row_prefetch: the sm_90 default's combination."""
+    K = 256 or 320 = 2 or 3 chunks of 128, so chunks of one task also follow each other through the slots.
+    With row_prefetch: the sm_90 default's combination. WIDE_GU: gate_up has half the rows of the other
+    phases, so its chunks are twice as wide (chunk_shape): one chunk spans RING_WHOLE's K = 128."""
     from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-    from kog.engine.ring import padded_fraction
-    bn = {T_QKV: 16, T_O: 16, T_GU: 16, T_DOWN: 16, T_LM: 64}
-    short = padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=128, bn=bn) > 0
+    from kog.engine.ring import chunk_shape, padded_fraction
+    bn = {T_QKV: bns["bn_qkv"], T_O: bns["bn_o"], T_GU: bns["bn_gate_up"], T_DOWN: bns["bn_down"],
+          T_LM: bns["bn_lm"]}
+    dims = dict(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=128, bn=bn)
+    short = padded_fraction(**dims) > 0
     assert short == (cfg is RING_SHORT)
-    e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf, prefetch=rowpf)
+    assert chunk_shape(T_DOWN, **dims)[1] == 128
+    assert chunk_shape(T_GU, **dims)[1] == (64 if bns is EQUAL_BN else min(128, cfg.hidden_size))
+    e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf, prefetch=rowpf, **bns)
     ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
     assert got == ref and err < 1e-4
+
+
+def test_ring_chunk_width_fills_a_slot():
+    """A chunk is a slot's worth of the phase's rows, at most the power of two covering K: with every bn
+    equal, block_k (gate_up, whose chunk holds gate and up rows: block_k / 2), as before; a phase with fewer
+    rows gets wider chunks (llama-3.2-1b at bn_gate_up 4: one [8, 2048] chunk per gate_up task)."""
+    from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
+    from kog.engine.ring import chunk_shape, kernel_chunk_cols
+    m = PRESETS["llama-3.2-1b"]
+    dims = dict(H=m.hidden_size, I=m.intermediate_size, QS=m.q_size, block_k=2048)
+    eq = {t: 8 for t in (T_QKV, T_O, T_GU, T_DOWN, T_LM)}
+    assert kernel_chunk_cols(**dims, bn=eq) == dict(BKC_QKV=2048, BKC_O=2048, BKC_GU=1024, BKC_DOWN=2048,
+                                                    BKC_LM=2048)
+    assert chunk_shape(T_GU, **dims, bn={**eq, T_GU: 4}) == (2048, 2048, 8)
+    assert chunk_shape(T_DOWN, **dims, bn={**eq, T_DOWN: 4}) == (8192, 4096, 4)
+    assert chunk_shape(T_O, **dims, bn={**eq, T_O: 2}) == (2048, 2048, 2)       # capped at K
+    q = PRESETS["qwen2.5-1.5b"]                                                       # K = 1536: one short step
+    assert chunk_shape(T_QKV, H=q.hidden_size, I=q.intermediate_size, QS=q.q_size, block_k=2048, bn=eq)[:2] == \
+        (1536, 2048)
 
 
 def test_weight_ring_order_packing_and_validation():
@@ -230,9 +260,9 @@ def test_weight_ring_order_packing_and_validation():
     from kog.engine.ring import natural_bases, pack_ring_weights, ring_bytes, ring_chunk_bytes, ring_order, slot_elems
     cfg = TINY.replace(intermediate_size=320)          # down: K = 320 = 128 + 128 + a 64-column tail
     w = random_weights(cfg, "cpu", seed=1)
-    bn = {T_QKV: 8, T_O: 8, T_GU: 8, T_DOWN: 8, T_LM: 64}
+    bn = {T_QKV: 8, T_O: 8, T_GU: 8, T_DOWN: 8, T_LM: 8}
     H, I, QS = cfg.hidden_size, cfg.intermediate_size, cfg.q_size
-    tiles = {T_QKV: cfg.qkv_size // 8, T_O: H // 8, T_GU: I // 8, T_DOWN: H // 8, T_LM: cfg.vocab_size // 64}
+    tiles = {T_QKV: cfg.qkv_size // 8, T_O: H // 8, T_GU: I // 8, T_DOWN: H // 8, T_LM: cfg.vocab_size // 8}
     tasks = np.array([[T_QKV, 1, 3], [T_ATTN, 1, 0], [T_GU, 0, 5], [T_DOWN, 1, 2], [T_LM, 2, 1]])
     order, lo = ring_order(tasks, np.array([0, 3, 5]), num_layers=2, n_tiles=tiles, H=H, I=I, QS=QS, block_k=128,
                            bn=bn)
@@ -241,23 +271,22 @@ def test_weight_ring_order_packing_and_validation():
     assert order.tolist() == [base[(1, T_QKV)] + 3, base[(0, T_GU)] + 5, base[(1, T_DOWN)] + 6,
                               base[(1, T_DOWN)] + 7, base[(1, T_DOWN)] + 8, base[(2, T_LM)] + 1]
     slot = slot_elems(block_k=128, bn=bn)
-    assert slot == 64 * 128
+    assert slot == 8 * 128
     packed = pack_ring_weights(w, 2, order, block_k=128, bn=bn).view(len(order), slot)
     L0, L1 = w.layer(0), w.layer(1)
-    q = packed[0, :8 * 128].view(8, 128)                                       # K = 64 < 128: padded rows
-    assert torch.equal(q[:, :64], L1["wqkv"][24:32]) and not q[:, 64:].any() and not packed[0, 8 * 128:].any()
+    q = packed[0, :8 * 64].view(8, 64)               # K = 64: a 64-column chunk (the power of two covering K)
+    assert torch.equal(q, L1["wqkv"][24:32]) and not packed[0, 8 * 64:].any()
     gu = torch.cat([L0["w_gate"][40:48], L0["w_up"][40:48]])                    # bk / 2 = 64 = H
     assert torch.equal(packed[1, :16 * 64], gu.reshape(-1))
     assert torch.equal(packed[4, :8 * 128].view(8, 128)[:, :64], L1["w_down"][16:24, 256:])   # the tail
     assert not packed[4, :8 * 128].view(8, 128)[:, 64:].any()
-    assert torch.equal(packed[5].view(64, 128)[:, :64], w["lm_head"][64:128])
+    assert torch.equal(packed[5, :8 * 64].view(8, 64), w["lm_head"][8:16])
     # tight: a short last K step is stored densely ([rows, ne] at the chunk's start) and copied at its size
     tight = pack_ring_weights(w, 2, order, block_k=128, bn=bn, tight=True).view(len(order), slot)
     assert torch.equal(tight[4, :8 * 64].view(8, 64), L1["w_down"][16:24, 256:]) and not tight[4, 8 * 64:].any()
-    assert torch.equal(tight[2], packed[2])                                    # whole steps: unchanged
-    assert torch.equal(tight[0, :8 * 64].view(8, 64), L1["wqkv"][24:32])
+    assert torch.equal(tight[2], packed[2]) and torch.equal(tight[0], packed[0])      # whole steps: unchanged
     sizes = ring_chunk_bytes(tasks, np.array([0, 3, 5]), H=H, I=I, QS=QS, block_k=128, bn=bn)
-    assert sizes.tolist() == [8 * 64 * 2, 16 * 64 * 2, 8 * 128 * 2, 8 * 128 * 2, 8 * 64 * 2, 64 * 64 * 2]
+    assert sizes.tolist() == [8 * 64 * 2, 16 * 64 * 2, 8 * 128 * 2, 8 * 128 * 2, 8 * 64 * 2, 8 * 64 * 2]
     assert ring_bytes(3, block_k=128, bn=bn) == 1024 + 3 * slot * 2
     with pytest.raises(ConfigError, match="weight_ring"):
         EngineConfig(weight_ring=2, block_k=64).validate(TINY)

@@ -3,7 +3,7 @@ the reference's greedy tokens until its first near-tie and teacher-forced logits
 both sync modes, for llama / qwen2 (bias, K not a multiple of the chunk) / qwen3 shapes; and a ring the SMs
 cannot hold is a clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for
 the CPU suite). Passed on the lent H200 at 40c3970, 4bed711 and 3d651d6 (with the row_prefetch and ring L2
-prefetch variants and the one-tile gate_up)."""
+prefetch variants and the one-tile gate_up).""" 
 from __future__ import annotations
 
 import json
@@ -40,8 +40,11 @@ for name, cfg in variants.items():
     ref = Reference(cfg, w, 128).greedy(prompt, 20)
     rl = Reference(cfg, w, 128).teacher_forced_logits(prompt, ref).float()
     for mode in ("targeted", "grid"):
-        for ring, bk, rowpf, pf in ((3, 256, 1, 2), (2, 128, 0, 0)):
-            e = EngineConfig(mode=mode, weight_ring=ring, block_k=bk, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8,
+        # the last: gate_up at half the rows, so its chunks are twice as wide (one [8, 256] chunk spans K)
+        for ring, bk, rowpf, pf, bgu in ((3, 256, 1, 2, 8), (2, 128, 0, 0, 8), (3, 256, 1, 0, 4)):
+            if bgu != 8 and mode == "grid":
+                continue
+            e = EngineConfig(mode=mode, weight_ring=ring, block_k=bk, bn_qkv=8, bn_o=8, bn_gate_up=bgu, bn_down=8,
                              bn_lm=8, row_prefetch=rowpf, prefetch=pf)
             mk = Monokernel(cfg, w, e, max_seq=128)
             mk.n_eos = 0
@@ -51,7 +54,7 @@ for name, cfg in variants.items():
             top2 = rl.topk(2, -1).values
             gap = ((top2[:, 0] - top2[:, 1]) / rl.abs().max(-1).values).tolist()
             lim = next((i for i, g in enumerate(gap) if g < 4e-2), len(ref))
-            out[f"{name}/{mode}/ring{ring}/bk{bk}"] = {"tokens_equal": toks[:lim] == ref[:lim], "checked": lim,
+            out[f"{name}/{mode}/ring{ring}/bk{bk}/gu{bgu}"] = {"tokens_equal": toks[:lim] == ref[:lim], "checked": lim,
                                                        "rel_err": max_rel_err(ml, rl)}
 try:
     Monokernel(variants["llama"], w if False else random_weights(variants["llama"], "cuda", seed=1),
