@@ -365,11 +365,16 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
                WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
                TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False,
-               PF: tl.constexpr = 0):
+               PF: tl.constexpr = 0, xc_l=None, xc_h=None, xc_key=None, xkey=None):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
-    waited, rb, rm, cn, pn)."""
+    waited, rb, rm, cn, pn, xc_l, xc_h, xc_key).
+
+    When one chunk spans an RMS-normed input (NORM and K <= BKC: qkv, gate_up at its wide chunk, the LM
+    head), the normed x pairs are cached in registers (xc_l, xc_h) under xkey (the input buffer's offset and
+    the token): a CTA's next task of the phase reuses them instead of loading x and g again and reducing
+    x * x across the CTA (a CTA runs ~60 LM tasks a token on the same x)."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
     acc = tl.zeros([BN], dtype=tl.float32)
     acc2 = tl.zeros([BN], dtype=tl.float32)
@@ -382,8 +387,18 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
         if WAIT:
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
-        xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
-        ss += s2
+        if NORM and K <= BKC:
+            if xkey == xc_key:       # this token's normed input, as an earlier task of this CTA computed it
+                xl = xc_l
+                xh = xc_h
+            else:
+                xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
+                xc_l = xl
+                xc_h = xh
+                xc_key = xkey
+        else:
+            xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
+            ss += s2
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
         if GU:   # the gate and up rows of the chunk as ONE [2 BN, BKC / 2] tile: one row reduction, not two
             lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, 2 * BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
@@ -399,7 +414,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
             r = 1.0 / tl.sqrt(ss / K + eps)
             acc = acc * r
             acc2 = acc2 * r
-    return acc, acc2, waited, rb, rm, cn, pn
+    return acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key
 
 
 @triton.jit
@@ -916,7 +931,7 @@ def monokernel(
     RING_SIZES: tl.constexpr = False, ring_sz_ptr=None,
     # the ring's chunk width per phase (kog.engine.ring.kernel_chunk_cols: a slot's worth of the phase's rows)
     BKC_QKV: tl.constexpr = 0, BKC_O: tl.constexpr = 0, BKC_GU: tl.constexpr = 0, BKC_DOWN: tl.constexpr = 0,
-    BKC_LM: tl.constexpr = 0,
+    BKC_LM: tl.constexpr = 0, BKC_X: tl.constexpr = 0,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -961,9 +976,16 @@ def monokernel(
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
         r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tl.maximum(tl.minimum(t_lo, t_hi - 1), 0))
+    if RING > 0:
+        # the ring's normed-input cache (_gemv_ring): x pairs of the last RMS-normed input, keyed by the input's
+        # offset + token << 32 (xtok); -1: nothing cached yet
+        xc_l = tl.zeros([BKC_X // 2], dtype=tl.float32)
+        xc_h = tl.zeros([BKC_X // 2], dtype=tl.float32)
+        xc_key = tl.full([], -1, tl.int64)
     for step in range(0, n_tokens):
         t1 = step + 1
         pos = pos0 + step
+        xtok = t1.to(tl.int64) * 4294967296
         # this token's input embedding is ready, unless generation stopped at EOS (then no token comes)
         if stop == 0:
             if PFB > 0:
@@ -1042,12 +1064,13 @@ def monokernel(
                     # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
                     # always-ready dummy counters
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BKC_QKV, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
-                            ring_sz_ptr, RING_SIZES, PF_DIST)
+                            ring_sz_ptr, RING_SIZES, PF_DIST,
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1100,12 +1123,13 @@ def monokernel(
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BKC_O, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
-                            RING_SIZES, PF_DIST)
+                            RING_SIZES, PF_DIST,
+                            xc_l, xc_h, xc_key, xtok)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1121,12 +1145,13 @@ def monokernel(
                 elif dtyp == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
                     if RING > 0:
-                        ag, au, waited, rb, rm, cn, pn = _gemv_ring(
+                        ag, au, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BKC_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
-                            ring_sz_ptr, RING_SIZES, PF_DIST)
+                            ring_sz_ptr, RING_SIZES, PF_DIST,
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1141,12 +1166,13 @@ def monokernel(
                 elif dtyp == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BKC_DOWN, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
-                            RING_SIZES, PF_DIST)
+                            RING_SIZES, PF_DIST,
+                            xc_l, xc_h, xc_key, xtok)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1162,12 +1188,13 @@ def monokernel(
                 elif dtyp == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BKC_LM, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
-                            RING_SIZES, PF_DIST)
+                            RING_SIZES, PF_DIST,
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,

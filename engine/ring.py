@@ -71,7 +71,9 @@ def kernel_chunk_cols(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, in
     """The monokernel's per-phase chunk widths (constexprs BKC_*), as chunk_shape gives them."""
     dims = dict(H=H, I=I, QS=QS, block_k=block_k, bn=bn)
     names = {T_QKV: "BKC_QKV", T_O: "BKC_O", T_GU: "BKC_GU", T_DOWN: "BKC_DOWN", T_LM: "BKC_LM"}
-    return {name: chunk_shape(t, **dims)[1] for t, name in names.items()}
+    # BKC_X: the width of the normed-input cache, the chunk of every phase whose one chunk spans its normed
+    # input (K = H for qkv, gate_up and the LM head; chunk_shape caps those at the power of two covering H)
+    return {**{name: chunk_shape(t, **dims)[1] for t, name in names.items()}, "BKC_X": _pow2ceil(H)}
 
 
 def slot_elems(*, block_k: int, bn: dict[int, int]) -> int:

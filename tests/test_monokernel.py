@@ -242,7 +242,7 @@ def test_ring_chunk_width_fills_a_slot():
     m = PRESETS["llama-3.2-1b"]
     dims = dict(H=m.hidden_size, I=m.intermediate_size, QS=m.q_size, block_k=2048)
     eq = {t: 8 for t in (T_QKV, T_O, T_GU, T_DOWN, T_LM)}
-    assert kernel_chunk_cols(**dims, bn=eq) == dict(BKC_QKV=2048, BKC_O=2048, BKC_GU=1024, BKC_DOWN=2048,
+    assert kernel_chunk_cols(**dims, bn=eq) == dict(BKC_QKV=2048, BKC_O=2048, BKC_GU=1024, BKC_DOWN=2048, BKC_X=2048,
                                                     BKC_LM=2048)
     assert chunk_shape(T_GU, **dims, bn={**eq, T_GU: 4}) == (2048, 2048, 8)
     assert chunk_shape(T_DOWN, **dims, bn={**eq, T_DOWN: 4}) == (8192, 4096, 4)
