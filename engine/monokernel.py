@@ -167,7 +167,7 @@ class Monokernel:
         self._chunks_np = None
         # attention K/V blocks L2-prefetched a few tasks ahead (plan.attn_prefetch_marks): where the task row
         # is read ahead (row_prefetch) and its column 5 is free (the ring reads no per-task weight offsets)
-        self.attn_prefetch = bool(self.ecfg.weight_ring and self.ecfg.row_prefetch)
+        self.attn_prefetch = bool(e.weight_ring and e.row_prefetch)
         tasks = self._task_table()
         self.tasks = torch.tensor(tasks, **i32)
         self.chunks = torch.tensor(self._chunks_np, **i32) if self._chunks_np is not None else None
