@@ -37,8 +37,8 @@ import triton.language as tl
 
 from kog.engine.ring import ring_drain, ring_fill, ring_init, ring_tile, ring_wait
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, ring_prefetch_l2, sm_id,
-                               smem_base, wait_counters)
+from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
+                               wait_counters)
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -932,8 +932,6 @@ def monokernel(
     # the ring's chunk width per phase (kog.engine.ring.kernel_chunk_cols: a slot's worth of the phase's rows)
     BKC_QKV: tl.constexpr = 0, BKC_O: tl.constexpr = 0, BKC_GU: tl.constexpr = 0, BKC_DOWN: tl.constexpr = 0,
     BKC_LM: tl.constexpr = 0, BKC_X: tl.constexpr = 0,
-    # ring + row_prefetch: L2 prefetch of attention splits' K/V blocks a few tasks ahead (task table column 5)
-    APF: tl.constexpr = False,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -978,8 +976,6 @@ def monokernel(
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
         r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tl.maximum(tl.minimum(t_lo, t_hi - 1), 0))
-        if APF:
-            r_apf = tl.load(tasks_ptr + tl.maximum(tl.minimum(t_lo, t_hi - 1), 0) * 8 + 5)
     if RING > 0:
         # the ring's normed-input cache (_gemv_ring): x pairs of the last RMS-normed input, keyed by the input's
         # offset + token << 32 (xtok); -1: nothing cached yet
@@ -1013,27 +1009,8 @@ def monokernel(
                     tn = ti + 1
                     tn = tl.where(tn < t_hi, tn, t_lo)     # after the last task: the next token's first
                     r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tn)
-                    if APF:
-                        apf = r_apf
-                        r_apf = tl.load(tasks_ptr + tn * 8 + 5)
                 else:
                     typ, layer, tile, w_off, rel, cb = _task_row(tasks_ptr, ti)
-                if APF:
-                    # an attention split this CTA runs a few tasks later (column 5: its layer << 16 | tile, + 1):
-                    # pull its cached K and V block into L2 now, so the split's loads (issued at its start,
-                    # before it waits for q/k/v) hit L2 instead of HBM on the qkv -> attention chain
-                    if apf > 0:
-                        a_layer = (apf - 1) >> 16
-                        a_tile = (apf - 1) & 65535
-                        a_p0 = (a_tile % attn_S) * BT
-                        if window > 0:
-                            a_p0 += tl.maximum(pos - window + 1, 0)
-                        if a_p0 < pos:
-                            a_src = (cache_ptr + tl.cast(a_layer, tl.int64) * 2 * kc_layer
-                                     + tl.cast(a_tile // attn_S, tl.int64) * max_seq * HD + a_p0 * HD)
-                            a_nb = tl.minimum(pos - a_p0, BT) * (HD * 2)
-                            ring_prefetch_l2(a_src, a_nb, VENDOR)
-                            ring_prefetch_l2(a_src + kc_layer, a_nb, VENDOR)
                 dtyp = typ       # the type the per-task branches below dispatch on
                 rec = 1          # whether this task gets a trace record
                 nrun = 1

@@ -165,9 +165,6 @@ class Monokernel:
         i32 = dict(dtype=torch.int32, device=dev)
         self.dummy_base = p.n_counters
         self._chunks_np = None
-        # attention K/V blocks L2-prefetched a few tasks ahead (plan.attn_prefetch_marks): where the task row
-        # is read ahead (row_prefetch) and its column 5 is free (the ring reads no per-task weight offsets)
-        self.attn_prefetch = bool(e.weight_ring and e.row_prefetch)
         tasks = self._task_table()
         self.tasks = torch.tensor(tasks, **i32)
         self.chunks = torch.tensor(self._chunks_np, **i32) if self._chunks_np is not None else None
@@ -266,9 +263,6 @@ class Monokernel:
         assert (woff % 64 == 0).all()
         out[:, 4] = woff // 64                            # in units of 64 elements (alignment known to the compiler)
         out[:, 5] = -(-elems * self.wbuf.element_size() // 128)   # 128-byte lines of the tile (L2 prefetch)
-        if self.attn_prefetch:      # the ring reads no weight offsets: column 5 marks K/V prefetches instead
-            from kog.engine.plan import attn_prefetch_marks
-            out[:, 5] = attn_prefetch_marks(t, p.cta_start)
         out[:, 6] = rel
         out[:, 7] = wait
         if e.pipeline_stages and e.flat_loop:
@@ -337,8 +331,6 @@ class Monokernel:
                         gring_ptr=self.gring, **self.ring_cols)
             if self.ring_sizes:
                 meta.update(RING_SIZES=True, ring_sz_ptr=self.ring_sz)
-            if self.attn_prefetch:
-                meta.update(APF=True)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)

@@ -160,31 +160,6 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
                                           "attn_splits": attn_splits})
 
 
-# How many tasks ahead (in its CTA's list) an attention split's K/V blocks are L2-prefetched (attn_prefetch_marks)
-ATTN_PREFETCH_LEAD = 2
-
-
-def attn_prefetch_marks(tasks: np.ndarray, cta_start: np.ndarray, lead: int | None = None) -> np.ndarray:
-    """Per task: the attention split whose cached K/V blocks the kernel L2-prefetches when that task starts,
-    as (layer << 16 | tile) + 1, else 0. Each split is marked on the task `lead` places before it in its
-    CTA's list (or the first later one that is free and not itself attention), never across a token: the
-    split's loads, issued at its start, then find the blocks in L2 (~7-15 us after the prefetch on the H200)
-    instead of waiting on HBM on the qkv -> attention chain. lead 0: no marks (ATTN_PREFETCH_LEAD is read at
-    each call, so a same-run A/B can set it)."""
-    lead = ATTN_PREFETCH_LEAD if lead is None else lead
-    marks = np.zeros(len(tasks), dtype=np.int64)
-    for c in range(len(cta_start) - 1):
-        s, e = int(cta_start[c]), int(cta_start[c + 1])
-        for j in range(s, e):
-            if int(tasks[j, 0]) != T_ATTN:
-                continue
-            for k in range(max(j - lead, s), j):
-                if int(tasks[k, 0]) != T_ATTN and marks[k] == 0:
-                    marks[k] = (int(tasks[j, 1]) << 16 | int(tasks[j, 2])) + 1
-                    break
-    return marks
-
-
 def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> None:
     """Invariants the kernel relies on (used by the tests and before every launch in debug mode):
     every task exactly once, each CTA's list in phase order, counters' targets sum to the producer tiles."""

@@ -113,16 +113,3 @@ def test_lm_head_is_last_everywhere():
         lm = np.flatnonzero(t[:, 0] == T_LM)
         if len(lm):
             assert lm[0] == len(t) - len(lm)
-
-
-def test_attention_prefetch_marks_point_a_few_tasks_ahead_within_a_cta():
-    """Each attention split is marked (layer << 16 | tile, + 1) on the task ATTN_PREFETCH_LEAD places before
-    it in its CTA's list, or the next free non-attention task; never on a task of another CTA; lead 0 marks
-    nothing (the same-run A/B switch)."""
-    from kog.engine.plan import T_ATTN, T_DOWN, T_GU, T_O, T_QKV, attn_prefetch_marks
-    tasks = np.array([[T_DOWN, 0, 1], [T_QKV, 1, 4], [T_QKV, 1, 9], [T_ATTN, 1, 3], [T_ATTN, 1, 5], [T_O, 1, 0],
-                      # CTA 1: its attention split is its second task: marked on its first
-                      [T_QKV, 1, 2], [T_ATTN, 1, 7], [T_GU, 1, 3]])
-    marks = attn_prefetch_marks(tasks, np.array([0, 6, 9]), lead=2)
-    assert marks.tolist() == [0, (1 << 16 | 3) + 1, (1 << 16 | 5) + 1, 0, 0, 0, (1 << 16 | 7) + 1, 0, 0]
-    assert not attn_prefetch_marks(tasks, np.array([0, 6, 9]), lead=0).any()
