@@ -2,7 +2,7 @@
 llama-3.2-1b in both sync modes (compile time, teacher-forced error, greedy agreement, tok/s, breakdown)
 and a small tiling sweep. Writes $OUT/engine_check.json as it goes (partial results survive a timeout).
 
-python3 bench/engine_check.py [--quick]
+python3 bench/engine_check.py [--quick] [--model PRESET (the sweep's model; default llama-3.2-1b)]
 """
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ W1B = {}
 
 
 def llama_1b():
+    """The sweep's model and random weights: llama-3.2-1b, or the preset after --model."""
     if not W1B:
-        cfg = PRESETS["llama-3.2-1b"]
+        cfg = PRESETS[sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "llama-3.2-1b"]
         W1B["cfg"], W1B["w"] = cfg, random_weights(cfg, "cuda", seed=0)
     return W1B["cfg"], W1B["w"]
 
