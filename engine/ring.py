@@ -230,7 +230,7 @@ def ring_init(rbase, NS: tl.constexpr, VENDOR: tl.constexpr):
 
 @triton.jit
 def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS: tl.constexpr,
-              SLOTB: tl.constexpr, SIZES: tl.constexpr, VENDOR: tl.constexpr, PF: tl.constexpr = 0, bar=1):
+              SLOTB: tl.constexpr, SIZES: tl.constexpr, VENDOR: tl.constexpr, PF: tl.constexpr = 0):
     """Request chunks until NS are outstanding beyond the consumer (cn) or the launch's last chunk (pmax) is
     requested; returns the producer cursor. Chunk n is CTA-local chunk n % nch of the packed weights (one
     slot-sized block; SIZES: it moves sz_ptr[chunk] bytes, the tight packing's short last K steps).
@@ -238,12 +238,9 @@ def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS:
     HBM keeps working PF chunks beyond the ring while the CTA waits on a dependency (the ring alone holds
     NS chunks, ~6 us of a CTA's share of the stream at 3 x 32 KB).
     Callers have consumed chunks < cn completely: the CTA barrier first makes every thread's reads of those
-    slots happen-before their refill. bar = 0: the caller has just passed a CTA barrier after those reads
-    (a release's, kernel._flush), so this one is skipped: the warps other than the releasing thread's go on
-    while it waits for its fence."""
+    slots happen-before their refill."""
     SLOTE: tl.constexpr = SLOTB // 2
-    if bar != 0:
-        tl.debug_barrier()
+    tl.debug_barrier()
     while (pn < cn + NS) & (pn < pmax):
         src = w_ptr + (c_lo + pn % nch).to(tl.int64) * SLOTE
         slot = pn % NS
