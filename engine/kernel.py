@@ -707,9 +707,63 @@ def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
 
 
 @triton.jit
+def _qkv_val(ptr, offs, mask, TAG: tl.constexpr):
+    """qkv values at offs: the fp32 activation buffer, or (TAG) the tagged buffer's 64-bit words (low half:
+    the value's bits, high half: the token tag; _tag_store), read from L2."""
+    if TAG:
+        w = tl.load(ptr + offs, mask=mask, other=0, cache_modifier=".cg")
+        v = (w & 4294967295).to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        v = tl.load(ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    return v
+
+
+@triton.jit
+def _tag_store(ptr, offs, y, t1):
+    """Store fp32 values with the token tag t1 in one aligned 64-bit word each: a reader that sees the tag sees
+    the value (single-copy atomic), so no fence or counter publishes them (the qkv -> attention hand-off)."""
+    bits = y.to(tl.int32, bitcast=True).to(tl.int64) & 4294967295
+    tl.store(ptr + offs, bits | (t1.to(tl.int64) << 32))
+
+
+@triton.jit
+def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constexpr, G: tl.constexpr,
+              GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr):
+    """Wait (bounded) until KV head g's q rows, k row and v row carry this token's tag t1: the attention
+    split's input, polled in the data itself (every word once per poll, from L2). On timeout: record
+    [1, -5, task, t1, tag seen] and abort everyone."""
+    d = tl.arange(0, HD)
+    gq = tl.arange(0, GP)
+    qm = (gq < G)[:, None] & (d >= 0)[None, :]
+    qo = (g * G + gq)[:, None] * HD + d[None, :]
+    ko = QS + g * HD + d
+    n = 0
+    ab = 0
+    lo = t1 * 0
+    while (lo < t1) & (n < max_spin) & (ab == 0):
+        tq = tl.load(qkvt_ptr + qo, mask=qm, other=0, volatile=True) >> 32
+        tk = tl.load(qkvt_ptr + ko, volatile=True) >> 32
+        tv = tl.load(qkvt_ptr + KVS + ko, volatile=True) >> 32
+        tq = tl.where(qm, tq, t1)
+        lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.minimum(tl.min(tk, axis=0), tl.min(tv, axis=0)))
+        lo = lo.to(tl.int32)
+        n += 1
+        if n % 64 == 0:
+            ab = tl.load(sync_ptr + S_ABORT, volatile=True)
+    if lo < t1:
+        if ab == 0:
+            if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
+                tl.store(err_ptr + 0, 1)
+                tl.store(err_ptr + 1, -5)
+                tl.store(err_ptr + 2, task)
+                tl.store(err_ptr + 3, t1)
+                tl.store(err_ptr + 4, lo)
+
+
+@triton.jit
 def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, split, pos,
                 eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
-                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr):
+                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr, TAG: tl.constexpr = False):
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
     positions [p0, p0 + BT) that precede pos, plus the new position pos when it falls in this split. Writes
     the split's softmax partial (acc, m, l) for the combine. kb0/vb0 were loaded by the caller before it
@@ -722,8 +776,8 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
     gq = tl.arange(0, GP)
     qm = gq < G
     qrow = (g * G + gq)[:, None] * HD
-    q = tl.load(qkv_ptr + qrow + d[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
-    qs = tl.load(qkv_ptr + qrow + dp[None, :], mask=qm[:, None], other=0.0, cache_modifier=".cg")
+    q = _qkv_val(qkv_ptr, qrow + d[None, :], qm[:, None], TAG)
+    qs = _qkv_val(qkv_ptr, qrow + dp[None, :], qm[:, None], TAG)
     if QK_NORM:
         rq = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         q = _rnd(_rnd(q * rq[:, None], DT) * tl.load(qn_ptr + d)[None, :], DT)
@@ -737,9 +791,9 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
     if (pos >= p0) & (pos < p0 + BT):
         # this split holds the new position: its k/v enter from registers and go to the cache for later tokens
         kof = QS + g * HD
-        k = tl.load(qkv_ptr + kof + d, cache_modifier=".cg")
-        ks = tl.load(qkv_ptr + kof + dp, cache_modifier=".cg")
-        v = tl.load(qkv_ptr + QS + KVS + g * HD + d, cache_modifier=".cg")
+        k = _qkv_val(qkv_ptr, kof + d, d >= 0, TAG)
+        ks = _qkv_val(qkv_ptr, kof + dp, d >= 0, TAG)
+        v = _qkv_val(qkv_ptr, QS + KVS + g * HD + d, d >= 0, TAG)
         if QK_NORM:
             rk_ = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
             k = _rnd(_rnd(k * rk_, DT) * tl.load(kn_ptr + d), DT)
@@ -932,6 +986,8 @@ def monokernel(
     # the ring's chunk width per phase (kog.engine.ring.kernel_chunk_cols: a slot's worth of the phase's rows)
     BKC_QKV: tl.constexpr = 0, BKC_O: tl.constexpr = 0, BKC_GU: tl.constexpr = 0, BKC_DOWN: tl.constexpr = 0,
     BKC_LM: tl.constexpr = 0, BKC_X: tl.constexpr = 0,
+    # qkv handed to attention as token-tagged 64-bit words (qkvt_ptr: [L, qkv rows] int64), not via counters
+    TAGQKV: tl.constexpr = False, qkvt_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -1080,8 +1136,11 @@ def monokernel(
                     y = acc
                     if HAS_BIAS:
                         y += tl.load(small_ptr + tl.load(soff_ptr + layer * 8 + 0) + rows)
-                    tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
-                    pend_n += 1
+                    if TAGQKV:   # tagged words: attention polls the data itself; no counter, no release
+                        _tag_store(qkvt_ptr + layer * (QS + 2 * KVS), rows, _rnd(y, DT), t1)
+                    else:
+                        tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
+                        pend_n += 1
                 elif dtyp == T_ATTN:
                     # one split of one KV head; the last split to arrive merges the partials and publishes
                     g = tile // attn_S
@@ -1093,7 +1152,14 @@ def monokernel(
                     p0 = p_lo + split * BT
                     if p0 <= pos:
                         kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)   # before the wait
-                        if WAIT:
+                        qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
+                        if TAGQKV:
+                            qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
+                            if WAIT:
+                                _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS)
+                                if TRACE:
+                                    waited = global_time_ns(VENDOR) - t_start
+                        elif WAIT:
                             rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1, rb,
                                                 rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, I * H, PFB,
                                                 VENDOR)
@@ -1105,10 +1171,10 @@ def monokernel(
                                                 w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
                             if TRACE:
                                 waited = global_time_ns(VENDOR) - t_start
-                        _attn_split(act_ptr + tl.load(aoff_ptr + lrow + 1), part_ptr, kbase, kbase + kc_layer, kb0,
+                        _attn_split(qkv_in, part_ptr, kbase, kbase + kc_layer, kb0,
                                     vb0, p0, cos_ptr, sin_ptr, small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
-                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM)
+                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM, TAGQKV)
                     tl.debug_barrier()
                     # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
                     # skips the qkv wait and arrives at once, possibly before the previous layer's splits of

@@ -165,6 +165,12 @@ class Monokernel:
         i32 = dict(dtype=torch.int32, device=dev)
         self.dummy_base = p.n_counters
         self._chunks_np = None
+        from kog.engine import plan as _plan
+        # qkv -> attention through token-tagged words (plan.TAGGED_QKV), on the ring's path; zeroed every
+        # launch, so no tag of an earlier launch can pass for this one's
+        self.tag_qkv = bool(self.ecfg.weight_ring) and _plan.TAGGED_QKV
+        self.qkvt = torch.zeros(cfg.num_layers * cfg.qkv_size if self.tag_qkv else 1, dtype=torch.int64,
+                                device=dev)
         tasks = self._task_table()
         self.tasks = torch.tensor(tasks, **i32)
         self.chunks = torch.tensor(self._chunks_np, **i32) if self._chunks_np is not None else None
@@ -258,6 +264,8 @@ class Monokernel:
         wait[m] = lay[L - 1, BUF_HOUT]
         if e.mode != "targeted":
             rel[:] = -1                                   # grid mode publishes nothing: barriers order phases
+        if self.tag_qkv:
+            rel[typ == T_QKV] = -1                        # attention polls the tagged words instead
         out = np.zeros((len(t), 8), dtype=np.int64)
         out[:, :4] = t
         assert (woff % 64 == 0).all()
@@ -298,6 +306,8 @@ class Monokernel:
         logits = torch.empty((n, cfg.vocab_size) if write_logits else (1,), dtype=torch.float32, device=self.device)
         forced_t = forced if forced is not None else torch.zeros(1, dtype=torch.int32, device=self.device)
         self.cnt.zero_()
+        if self.tag_qkv:
+            self.qkvt.zero_()
         self.sync.zero_()
         self.err.zero_()
         self.act[: cfg.hidden_size] = self.embed[first_token].float()
@@ -329,6 +339,8 @@ class Monokernel:
         if e.weight_ring:
             meta.update(RING=int(e.weight_ring), SLOTB=int(self.slot_bytes), ring_lo_ptr=self.ring_lo,
                         gring_ptr=self.gring, **self.ring_cols)
+            if self.tag_qkv:
+                meta.update(TAGQKV=True, qkvt_ptr=self.qkvt)
             if self.ring_sizes:
                 meta.update(RING_SIZES=True, ring_sz_ptr=self.ring_sz)
         if self.vendor == 1:
@@ -413,6 +425,8 @@ class Monokernel:
             return "the start-up SM rendezvous"
         if idx == -4:
             return "a weight-ring slot (its bulk copy never landed)"
+        if idx == -5:
+            return "the tagged qkv rows of an attention split (their token tag)"
         lay = self.plan.layout
         best = None
         for layer in range(lay.shape[0]):

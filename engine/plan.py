@@ -28,6 +28,10 @@ TASK_NAMES = {T_QKV: "qkv", T_ATTN: "attn", T_O: "o", T_GU: "gate_up", T_DOWN: "
 # True: one attention-output counter per KV group whatever sync_rows is (the layout before 2026-12-01; kept
 # for same-run comparisons in bench scripts)
 ATTN_COUNTER_PER_GROUP = False
+# With the weight ring, qkv reaches attention as token-tagged 64-bit words the attention split polls
+# (kernel._tag_store / _tag_wait): no release fence and counter on the qkv -> attention hop. False: the
+# counters, as before 2026-12-01 (bench/engine_check.py can set it per sweep entry: "_TAGGED_QKV")
+TAGGED_QKV = True
 # counter buffers per layer, in the order of the `layout` table
 BUF_QKV, BUF_ATTN, BUF_HMID, BUF_ACT, BUF_HOUT = range(5)
 N_BUF = 5

@@ -135,6 +135,9 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                                                          QS=cfg.q_size, block_k=e.block_k, bn=bn))
         if padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=e.block_k, bn=bn):
             meta.update(RING_SIZES=True, ring_sz_ptr=T(i32))
+        from kog.engine import plan as _plan
+        if _plan.TAGGED_QKV:          # as Monokernel.tag_qkv
+            meta.update(TAGQKV=True, qkvt_ptr=T(i64))
     if vendor == 1:
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
     if vendor != 0:
