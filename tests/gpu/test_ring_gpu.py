@@ -4,7 +4,8 @@ both sync modes, for llama / qwen2 (bias, K not a multiple of the chunk) / qwen3
 cannot hold is a clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for
 the CPU suite). Passed on the lent H200 at 40c3970, 4bed711 and 3d651d6 (with the row_prefetch and ring L2
 prefetch variants and the one-tile gate_up), f7eb537 (with the 4-row gate_up's one-chunk tasks and the
-normed-input cache) and 07f40b1 (the whole tests/gpu suite: 9 passed, the 2-GPU test skipped)."""
+normed-input cache), 07f40b1 (the whole tests/gpu suite: 9 passed, the 2-GPU test skipped) and b7ef15a
+(qkv handed to attention as token-tagged words)."""
 from __future__ import annotations
 
 import json
