@@ -323,3 +323,24 @@ def test_weight_ring_defaults_and_shared_memory_budget():
         EngineConfig(weight_ring=3, ctas_per_sm=3).validate(m)
     with pytest.raises(ConfigError, match="does not fit"):
         EngineConfig(weight_ring=8).validate(m)
+
+
+def test_tagged_qkv_handoff_replaces_the_qkv_counters(monkeypatch):
+    """With the ring, qkv tasks publish token-tagged words instead of releasing a counter (their release
+    column is -1) and the buffer starts every launch zeroed; plan.TAGGED_QKV off restores the counters. A
+    tag wait that times out is described as such."""
+    from kog.engine import plan
+    from kog.engine.plan import T_QKV
+    e = SMALL_TILES.replace(weight_ring=2, block_k=128)
+    w = random_weights(RING_WHOLE, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(RING_WHOLE, w, e, max_seq=64)
+    qkv = mk.tasks[:, 0] == T_QKV
+    assert mk.tag_qkv and (mk.tasks[qkv, 6] == -1).all()
+    assert mk.qkvt.numel() == RING_WHOLE.num_layers * RING_WHOLE.qkv_size
+    mk.qkvt.fill_(7)
+    mk._launch_args(1, 0, 2, None, 0.0, 0, 1.0, 0, False, False)
+    assert not mk.qkvt.any()
+    assert "tagged qkv" in mk._describe_counter(-5)
+    monkeypatch.setattr(plan, "TAGGED_QKV", False)
+    mk2 = Monokernel(RING_WHOLE, w, e, max_seq=64)
+    assert not mk2.tag_qkv and (mk2.tasks[mk2.tasks[:, 0] == T_QKV, 6] >= 0).all()
