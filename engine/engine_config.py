@@ -32,7 +32,9 @@ class EngineConfig:
     mode: str = "targeted"            # "targeted": per-dependency counters; "grid": a barrier between phases
     ctas_per_sm: int = 2              # persistent CTAs per SM (grid = SMs * ctas_per_sm, all co-resident)
     num_warps: int = 4
-    block_k: int = 2048               # K chunk a task loads per step (and the finest wait along K)
+    block_k: int = 2048               # K chunk a task loads per step (and the finest wait along K); with the
+                                      # ring, the slot holds block_k x the largest bn, and a phase with fewer
+                                      # rows reads wider chunks (kog.engine.ring.chunk_shape)
     bn_qkv: int = 8                   # rows per task, per phase
     bn_o: int = 8
     bn_gate_up: int = 8

@@ -10,8 +10,10 @@ With the ring, `slots` chunks are always requested ahead, without registers (the
 memory), so the HBM stream keeps flowing while the CTA reduces, stores, waits for an input or for the next
 token. Registers hold a chunk only while it is multiplied.
 
-Planning (Python, here): a chunk is the [bn, bk] slice of a task's row tile at one K step (gate_up: its gate
-and up slices together, [2 bn, bk / 2]), zero-padded to one slot. `ring_order` lists, per CTA, its chunks in
+Planning (Python, here): a chunk is the slice of a task's row tile at one K step (gate_up: its gate and up
+slices together), as wide as a slot holds for the phase's rows (chunk_shape: block_k at the largest bn,
+gate_up at equal bn block_k / 2; fewer rows, wider chunks, at most the power of two covering K),
+zero-padded to one slot. `ring_order` lists, per CTA, its chunks in
 the order the kernel consumes them; `pack_ring_weights` writes the weights in exactly that order, so CTA c's
 chunk i is ONE contiguous slot-sized block at (lo[c] + i) * slot: one bulk copy per chunk (copies of 1-4 KB
 row pieces measured slower: bench/h200/ENGINE_NOTES.md) and no table to read on the way. The streamed
