@@ -191,13 +191,14 @@ def sm90_default(model: ModelConfig, span: int | None = None) -> EngineConfig:
     call apart, session 6), for a cache of `span` positions when given (beyond 4,096 the widened attention
     block takes shared memory the third slot needed), else EngineConfig()."""
     e = EngineConfig()
-    for slots in range(SM90_DEFAULT["weight_ring"], 1, -1):
-        c = e.replace(**dict(SM90_DEFAULT, weight_ring=slots))
-        if not _gate_up_spans_k(c, model):
-            # 4-row gate_up pays where its one chunk spans K (the normed input is then cached across tasks);
-            # sheared-llama-2.7b (K = 2560 = 2048 + 512) ran 364.4 tok/s with it vs 370.9 with 8 rows
-            # (same run, H200, session 7)
-            c = c.replace(bn_gate_up=e.bn_gate_up)
+    base = dict(SM90_DEFAULT)
+    if not _gate_up_spans_k(e.replace(**base), model):
+        # 4-row gate_up pays where its one chunk spans K (the normed input is then cached across tasks);
+        # sheared-llama-2.7b (K = 2560 = 2048 + 512) ran 364.4 tok/s with it vs 370.9 with 8 rows
+        # (same run, H200, session 7)
+        base["bn_gate_up"] = e.bn_gate_up
+    for slots in range(base["weight_ring"], 1, -1):
+        c = e.replace(**dict(base, weight_ring=slots))
         if fits(c, model, span):
             return c
     return e

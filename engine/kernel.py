@@ -35,6 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kog.engine.abort import record_abort
 from kog.engine.ring import ring_drain, ring_fill, ring_init, ring_tile, ring_wait
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
 from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
@@ -80,12 +81,7 @@ def _spin_until(ptr, target, sync_ptr, err_ptr, max_spin, what, task, VENDOR: tl
                 ab = tl.load(sync_ptr + S_ABORT, volatile=True)
         if v < target:
             if ab == 0:
-                if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
-                    tl.store(err_ptr + 0, 1)
-                    tl.store(err_ptr + 1, what)
-                    tl.store(err_ptr + 2, task)
-                    tl.store(err_ptr + 3, target)
-                    tl.store(err_ptr + 4, v)
+                record_abort(sync_ptr + S_ABORT, err_ptr, what, task, target, v)
 
 
 @triton.jit
@@ -618,12 +614,8 @@ def _gemv_segment(ch0, nch, chunks_ptr, tasks_ptr, w_ptr, act_ptr, aoff_ptr, sma
 def _record_timeout(sync_ptr, err_ptr, cnt_ptr, tgt_ptr, idx, task, t1):
     """The first CTA whose wait timed out records [1, counter, task, target, value] and raises abort (a wait
     that ended because another CTA aborted records nothing)."""
-    if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
-        tl.store(err_ptr + 0, 1)
-        tl.store(err_ptr + 1, idx)
-        tl.store(err_ptr + 2, task)
-        tl.store(err_ptr + 3, tl.load(tgt_ptr + idx) * t1)
-        tl.store(err_ptr + 4, tl.load(cnt_ptr + idx, volatile=True))
+    record_abort(sync_ptr + S_ABORT, err_ptr, idx, task, tl.load(tgt_ptr + idx) * t1,
+                 tl.load(cnt_ptr + idx, volatile=True))
 
 
 @triton.jit
@@ -755,12 +747,7 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
             ab = tl.load(sync_ptr + S_ABORT, volatile=True)
     if lo < t1:
         if ab == 0:
-            if tl.atomic_cas(sync_ptr + S_ABORT, 0, 1) == 0:
-                tl.store(err_ptr + 0, 1)
-                tl.store(err_ptr + 1, -5)
-                tl.store(err_ptr + 2, task)
-                tl.store(err_ptr + 3, t1)
-                tl.store(err_ptr + 4, lo)
+            record_abort(sync_ptr + S_ABORT, err_ptr, -5, task, t1, lo)
 
 
 @triton.jit
@@ -1155,23 +1142,23 @@ def monokernel(
                     p0 = p_lo + split * BT
                     if p0 <= pos:
                         kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)   # before the wait
-                        qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
-                        if TAGQKV:
+                        if TAGQKV:   # qkv as token-tagged words: the wait polls them
                             qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
                             if WAIT:
                                 _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS)
-                                if TRACE:
-                                    waited = global_time_ns(VENDOR) - t_start
-                        elif WAIT:
-                            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1, rb,
-                                                rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, I * H, PFB,
-                                                VENDOR)
-                            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD, t1, rb,
-                                                rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, I * H, PFB,
-                                                VENDOR)
-                            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
-                                                QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
-                                                w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
+                        else:
+                            qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
+                            if WAIT:
+                                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1,
+                                                    rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi,
+                                                    I * H, PFB, VENDOR)
+                                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD, t1,
+                                                    rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi,
+                                                    I * H, PFB, VENDOR)
+                                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
+                                                    QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr, max_spin,
+                                                    ti, w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
+                        if WAIT:
                             if TRACE:
                                 waited = global_time_ns(VENDOR) - t_start
                         _attn_split(qkv_in, part_ptr, kbase, kbase + kc_layer, kb0,

@@ -34,6 +34,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from kog.engine.abort import record_abort
 from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
 from kog.engine.vendor import ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy, ring_prefetch_l2
 
@@ -270,12 +271,7 @@ def ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS: tl.constexpr, VE
     # counter waits' (each try_wait may also suspend the thread for a while before it reports "not yet")
     f, dep = mbar_wait(rbase + (cn % NS) * 8, (cn // NS) & 1, tl.minimum(max_spin, 1 << 16), VENDOR)
     if f != 0:
-        if tl.atomic_cas(sync_ptr + 0, 0, 1) == 0:
-            tl.store(err_ptr + 0, 1)
-            tl.store(err_ptr + 1, -4)
-            tl.store(err_ptr + 2, task)
-            tl.store(err_ptr + 3, cn)
-            tl.store(err_ptr + 4, 0)
+        record_abort(sync_ptr, err_ptr, -4, task, cn, 0)
     return dep
 
 
