@@ -142,7 +142,7 @@ def main() -> int:
             rc = cli_search(args)
         lines = [ln for ln in buf.getvalue().splitlines() if ln.strip().startswith("{")]
         summ = json.loads(lines[-1]) if lines else {}
-        R["search"] = {"rc": rc, "search_s": round(time.time() - t, 1), **search_stats(out / "search.db"),
+        R["search"] = {"rc": rc, "search_s": round(time.time() - t, 1), **search_stats(out / "search.db", a.model),
                        "summary": {k: summ.get(k) for k in ("trials", "states", "fail_kinds", "best", "stored",
                                                             "run", "report")}}
     except Exception as e:
@@ -181,15 +181,19 @@ def _pct(xs, q):
     return round(s[min(len(s) - 1, int(q * len(s)))], 3)
 
 
-def search_stats(db: Path) -> dict:
+def search_stats(db: Path, model: str) -> dict:
     """Per-trial walls, the engine default's trial (the initial design queues it first) and the best."""
     import optuna
-    from kog.engine.engine_config import EngineConfig
+    from kog.engine.engine_config import EngineConfig, sm90_default
+    from kog.probe.device import require_gpu
+    from kog.tune.space import resolve_model_config, ring_capable
     from optuna.trial import TrialState
     st = optuna.load_study(study_name="tune-h200", storage=f"sqlite:///{db.resolve()}")
     ts = st.get_trials(deepcopy=False)
     walls = [t.user_attrs["wall_s"] for t in ts if "wall_s" in t.user_attrs]
-    dflt = EngineConfig().to_dict()
+    # the same default as the initial design's first trial (kog.tune.search.initial_design): what the
+    # engine runs on this device when nothing is stored
+    dflt = (sm90_default(resolve_model_config(model)) if ring_capable(require_gpu()) else EngineConfig()).to_dict()
     d = [t for t in ts if t.user_attrs.get("config") == dflt and t.state == TrialState.COMPLETE]
     done = [t for t in ts if t.state == TrialState.COMPLETE]
     best = max(done, key=lambda t: t.value) if done else None
