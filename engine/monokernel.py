@@ -24,7 +24,7 @@ from kog.engine.engine_config import EngineConfig, fits, sm90_default
 from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_BAR, TASK_NAMES, Plan,
                              make_plan)
 from kog.engine.sampling import sample_mode
-from kog.engine.vendor import INTERPRET, vendor_code
+from kog.engine.vendor import INTERPRET, ctas_per_sm_fit, vendor_code
 from kog.probe.errors import KogError
 
 BUF_NAMES = {BUF_QKV: "qkv", BUF_ATTN: "attn", BUF_HMID: "hmid", BUF_ACT: "act", BUF_HOUT: "h"}
@@ -60,7 +60,7 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
 class Monokernel:
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
-                 trace_tokens: int = 0):
+                 trace_tokens: int = 0, compile_only: bool = False):
         from kog.engine.reference import Reference
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
@@ -83,6 +83,11 @@ class Monokernel:
         self.ecfg, self.attn_splits = self.ecfg.attn_layout(span)
         self.plan: Plan = make_plan(cfg, self.ecfg, sms, sm_partition, self.attn_splits)
         self.trace_tokens = trace_tokens
+        # compile_only (kog.tune.objective.precompile_one): the streamed weight buffer is a placeholder of the
+        # same dtype and alignment, so the kernel compiles to the same variant without a packed copy of the
+        # weights per compile process (14 of them beside the measuring worker exhausted an H200's memory).
+        # Such an engine must never launch.
+        self.compile_only = compile_only
         self._pack(weights)
         self._alloc()
         self.compile_seconds: float | None = None
@@ -110,7 +115,7 @@ class Monokernel:
             offs[i, 4] = add(L["w_down"])
         offs[cfg.num_layers, 0] = add(w["lm_head"])
         assert (offs % 64 == 0).all(), "every tile offset must be 128-byte aligned"
-        self.wbuf = torch.cat(mats).to(dev)
+        self.wbuf = self._placeholder(dt) if self.compile_only else torch.cat(mats).to(dev)
         del mats
         self._woff_np = offs
         self.woff = torch.tensor(offs, device=dev)
@@ -142,6 +147,10 @@ class Monokernel:
         self.embed = w["embed"]
         cos, sin = self.ref.cos.float(), self.ref.sin.float()   # the reference's (model-dtype) table
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
+
+    def _placeholder(self, dtype) -> torch.Tensor:
+        """compile_only's weight buffer: one 128-byte line (the allocator aligns it as the real buffer)."""
+        return torch.empty(128 // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device=self.device)
 
     def _alloc(self) -> None:
         cfg, p, dev = self.cfg, self.plan, self.device
@@ -214,9 +223,10 @@ class Monokernel:
                                QS=cfg.q_size, block_k=e.block_k, bn=bn)
         # a K that is not a multiple of its chunk: short last steps packed densely and copied at their size
         self.ring_sizes = padded_fraction(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn) > 0
+        dt = self.wbuf.dtype
         self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
-        self.wbuf = pack_ring_weights(self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn,
-                                      tight=self.ring_sizes).to(self.device)
+        self.wbuf = self._placeholder(dt) if self.compile_only else pack_ring_weights(
+            self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn, tight=self.ring_sizes).to(self.device)
         sizes = ring_chunk_bytes(tasks, self.plan.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_sz = torch.tensor(sizes if sizes.size else np.zeros(1, np.int32), dtype=torch.int32,
                                     device=self.device)
@@ -382,6 +392,9 @@ class Monokernel:
 
     def _start(self, args, meta) -> None:
         from kog.engine.kernel import monokernel
+        if self.compile_only:      # placeholder weights: compile and load the variant, never run it
+            self._add_ring_smem(monokernel.warmup(*args, grid=(self.plan.grid,), **meta))
+            return
         if self.ring_extra_smem and self.vendor != INTERPRET:
             # every compiled variant (traced, logits, sampling modes) gets the ring's shared memory first
             self._add_ring_smem(monokernel.warmup(*args, grid=(self.plan.grid,), **meta))
@@ -393,12 +406,10 @@ class Monokernel:
             k._init_handles()
             props = torch.cuda.get_device_properties(self.device)
             self.kernel_regs, self.kernel_spills = k.n_regs, k.n_spills
-            regs = k.n_regs * 32 * self.ecfg.num_warps
-            fit = 65536 // max(regs, 1)
-            smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-            if k.metadata.shared:
-                fit = min(fit, smem // k.metadata.shared)
-            fit = min(fit, 2048 // (32 * self.ecfg.num_warps))
+            fit = ctas_per_sm_fit(k, self.ecfg.num_warps,
+                                  regs_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
+                                  smem_per_sm=getattr(props, "shared_memory_per_multiprocessor", 228 * 1024),
+                                  threads_per_sm=getattr(props, "max_threads_per_multi_processor", 2048))
         except Exception:
             return
         self.max_ctas_per_sm = fit

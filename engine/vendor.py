@@ -23,6 +23,35 @@ def vendor_code() -> int:
     return AMD if getattr(torch.version, "hip", None) else NVIDIA
 
 
+def ctas_per_sm_fit(k, num_warps: int, regs_per_sm: int = 65536, smem_per_sm: int = 228 * 1024,
+                    threads_per_sm: int = 2048) -> int:
+    """How many CTAs of the loaded Triton kernel `k` fit on one SM at once. NVIDIA: the driver's own answer
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor on k.function with k.metadata.shared bytes of dynamic shared
+    memory: it knows the register allocation granularity and the 1 KiB each CTA reserves, which a formula from
+    n_regs alone missed: 5 CTAs/SM x 2 warps passed it and failed the cooperative launch). Elsewhere, or when
+    the driver call is unavailable, the allocation-granular estimate below (AMD: UNVERIFIED on hardware)."""
+    threads = 32 * num_warps
+    shared = int(getattr(k.metadata, "shared", 0) or 0)
+    if vendor_code() == NVIDIA:
+        try:
+            import ctypes
+            cu = ctypes.CDLL("libcuda.so.1")
+            n = ctypes.c_int(0)
+            rc = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(int(k.function)),
+                                                                ctypes.c_int(threads), ctypes.c_size_t(shared))
+            if rc == 0:
+                return int(n.value)
+        except Exception:
+            pass
+    # registers: allocated per warp in units of 256 (n_regs rounded up to 8 per thread); shared memory: per
+    # CTA in units of 128 B plus the 1 KiB the driver reserves for every CTA
+    per_warp = -(-max(int(k.n_regs), 1) * 32 // 256) * 256
+    fit = regs_per_sm // (per_warp * num_warps)
+    if shared:
+        fit = min(fit, smem_per_sm // ((-(-shared // 128) * 128) + 1024))
+    return max(0, min(fit, threads_per_sm // threads, 32))
+
+
 @triton.jit
 def global_time_ns(VENDOR: tl.constexpr):
     """A device-wide clock in ns (NVIDIA %globaltimer; AMD s_memrealtime * 10; 0 in the interpreter)."""

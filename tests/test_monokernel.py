@@ -344,3 +344,44 @@ def test_tagged_qkv_handoff_replaces_the_qkv_counters(monkeypatch):
     monkeypatch.setattr(plan, "TAGGED_QKV", False)
     mk2 = Monokernel(RING_WHOLE, w, e, max_seq=64)
     assert not mk2.tag_qkv and (mk2.tasks[mk2.tasks[:, 0] == T_QKV, 6] >= 0).all()
+
+
+@pytest.mark.parametrize("ring", [0, 2])
+def test_compile_only_engine_differs_only_in_its_weight_buffer(ring):
+    """compile_only (what kogtune's parallel compile processes build): the streamed weight buffer is a
+    128-byte placeholder of the weights' dtype, every other launch argument and every constexpr is the real
+    engine's, so the compiled variant is the one the measured trial launches."""
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    e = SMALL_TILES.replace(weight_ring=ring, block_k=128)
+    real = Monokernel(TINY, w, e, max_seq=64)
+    stub = Monokernel(TINY, w, e, max_seq=64, compile_only=True)
+    assert stub.wbuf.numel() * stub.wbuf.element_size() == 128 and stub.wbuf.dtype == real.wbuf.dtype
+    assert real.wbuf.numel() > 1000
+    _, lg, a_real, m_real = real._launch_args(5, 3, 4, None, 0.0, 0, 1.0, 0, True, False)
+    _, _, a_stub, m_stub = stub._launch_args(5, 3, 4, None, 0.0, 0, 1.0, 0, True, False)
+    def same(x, y):
+        if isinstance(x, torch.Tensor):    # the logits output is uninitialized memory: its shape only
+            return x.dtype == y.dtype and x.shape == y.shape and (x is lg or torch.equal(x, y))
+        return x == y
+
+    assert m_real.keys() == m_stub.keys()
+    assert all(same(m_real[k], m_stub[k]) for k in m_real), [k for k in m_real if not same(m_real[k], m_stub[k])]
+    assert len(a_real) == len(a_stub)
+    assert all(same(x, y) for x, y in zip(a_real[1:], a_stub[1:]))
+
+
+def test_ctas_per_sm_fit_counts_allocation_granularity():
+    """The fallback occupancy estimate (no driver call: the interpreter, AMD) rounds registers to the
+    per-warp allocation unit and adds the driver's 1 KiB per CTA of shared memory: the plain n_regs x threads
+    formula let 5 CTAs/SM x 2 warps through where the cooperative launch refused them."""
+    from types import SimpleNamespace
+    from kog.engine.vendor import ctas_per_sm_fit
+
+    def kern(regs, shared):
+        return SimpleNamespace(n_regs=regs, metadata=SimpleNamespace(shared=shared))
+
+    assert 65536 // (204 * 64) == 5 and ctas_per_sm_fit(kern(204, 0), 2) == 4       # 6528 -> 6656 regs/warp
+    assert ctas_per_sm_fit(kern(200, 0), 2) == 5                                       # 6400: a whole unit
+    assert 233472 // 46080 == 5 and ctas_per_sm_fit(kern(64, 46080), 2, smem_per_sm=233472) == 4
+    assert ctas_per_sm_fit(kern(32, 0), 1) == 32                                       # the CTA cap
+    assert ctas_per_sm_fit(kern(32, 0), 4) == 16                                       # 2048 threads

@@ -249,3 +249,23 @@ def test_unclaimed_running_trial_is_reaped_after_the_grace(monkeypatch):
     assert fail_dead_local_trials(st) == 1
     assert st.trials[t.number].state == optuna.trial.TrialState.FAIL
     assert "unclaimed" in st.trials[t.number].user_attrs["fail_reason"]
+
+
+def test_compile_processes_bounded_by_gpu_memory(monkeypatch):
+    """Each compile process keeps the model's weights and a CUDA context on the GPU: the pool is no larger
+    than the free memory holds after the measuring worker's ~4x the weights (an H200 search with 14 of them
+    beside the ring engine's packing ran out of memory); without NVML the CPU count alone decides."""
+    from kog.engine.config import preset
+    from kog.tune import search
+    monkeypatch.setattr(search.os, "cpu_count", lambda: 16)
+    m = preset("llama-3.2-1b")
+    w = m.num_params() * 2 + (1 << 30)
+    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: None)
+    assert search.default_compile_processes(m) == 14
+    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: 140 * 10**9)
+    assert search.default_compile_processes(m) == 14
+    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: 8 * w)
+    assert search.default_compile_processes(m) == 4
+    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: 2 * w)
+    assert search.default_compile_processes(m) == 1
+    assert search.default_compile_processes() == 14      # no model: cores only

@@ -142,7 +142,7 @@ def sm_partition(payload: dict[str, Any]) -> dict[int, int] | None:
     return CACHE[key]
 
 
-def _build(payload: dict[str, Any], st: dict[str, Any]):
+def _build(payload: dict[str, Any], st: dict[str, Any], compile_only: bool = False):
     cfg = EngineConfig.from_dict(payload["config"])
     g, x = tp_of(payload)
     if g > 1:
@@ -157,7 +157,7 @@ def _build(payload: dict[str, Any], st: dict[str, Any]):
     from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
     part = sm_partition(payload) if cfg.mapping == "topology" else None
     mk = Monokernel(st["model"], st["weights"], cfg, payload.get("device", "cuda"),
-                    max_seq=int(_opt(payload, "max_seq")), sm_partition=part)
+                    max_seq=int(_opt(payload, "max_seq")), sm_partition=part, compile_only=compile_only)
     mk.n_eos = 0            # as `kogtune bench`: an EOS drawn from random weights must not end a timed run
     return mk
 
@@ -251,7 +251,8 @@ def precompile_one(payload: dict[str, Any], report: Callable[[int, float], None]
     try:
         for c in cfgs:
             try:
-                mk = _build({**payload, "config": c}, st)
+                # compile_only: no packed weight copy in this process (kog.engine.monokernel)
+                mk = _build({**payload, "config": c}, st, compile_only=not interp)
                 if interp:
                     continue
                 mk._prefill = lambda prompt: None   # the reference prefill would run GPU kernels
@@ -266,6 +267,9 @@ def precompile_one(payload: dict[str, Any], report: Callable[[int, float], None]
                 failed.append(f"{type(e).__name__}: {e}"[:300])
             finally:
                 mk = None
+                if not interp:
+                    import torch
+                    torch.cuda.empty_cache()    # keep this process's GPU memory at one engine's, not its peak
     finally:
         K.monokernel = real
     return {"value": time.perf_counter() - t0, "compiled": done, "failed": failed, "kernel_regs": regs}

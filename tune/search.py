@@ -387,7 +387,7 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
         if ahead > 0:
             pool = None
             if ctarget is not None:
-                n = compile_processes or default_compile_processes()
+                n = compile_processes or default_compile_processes(s.model)
                 pool = WorkerPool(n, [env] * n, f"compile-{worker_index}")
             try:
                 optimize_ahead(study, _Tagged(Objective(ctx)), total_trials, ahead, pool, ctarget,
@@ -407,9 +407,29 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
 AHEAD = 8        # trials asked (and compiled) ahead per batch in a gpu search
 
 
-def default_compile_processes() -> int:
-    """Parallel compile processes: the CPU cores less two (the measuring worker, the study process)."""
-    return max(1, min(16, (os.cpu_count() or 3) - 2))
+def default_compile_processes(model=None) -> int:
+    """Parallel compile processes: the CPU cores less two (the measuring worker, the study process), and,
+    given the model (a ModelConfig), no more than GPU 0's free memory holds: each compile process keeps the
+    model's weights and a CUDA context on the GPU (its engine's weight buffer is a placeholder: compile_only),
+    and the measuring worker's engine needs ~4x the weights at its peak (weights, ring packing, reference)."""
+    n = max(1, min(16, (os.cpu_count() or 3) - 2))
+    free = gpu_free_bytes()
+    if model is not None and free is not None:
+        w = model.num_params() * 2 + (1 << 30)             # 16-bit weights + a context and its buffers
+        n = max(1, min(n, int((free - 4 * w) // w)))
+    return n
+
+
+def gpu_free_bytes(index: int = 0) -> int | None:
+    """Free memory of GPU `index` per NVML (no CUDA context in the calling process), None without NVML."""
+    from kog.probe.device.nvidia import _nvml
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        return int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(index)).free)
+    except Exception:
+        return None
 
 
 def _running_count(study) -> int:
@@ -593,7 +613,10 @@ def precompile(model_spec: str, configs, processes: int | None = None, timeout: 
             group.append(d)
     own = pool is None
     if own:
-        n = min(processes or default_compile_processes(), max(1, len(by_key)))
+        if processes is None:
+            from kog.tune.space import resolve_model_config
+            processes = default_compile_processes(resolve_model_config(model_spec))
+        n = min(processes, max(1, len(by_key)))
         pool = WorkerPool(n, envs if envs else None, "compile")
     # one job per kernel: its configs in one worker, in order (a variant compiles once, then cache hits)
     jobs = [(k, target or COMPILE_TARGET, {"model": model_spec, **(payload_extra or {}), "config": g[0],
@@ -681,7 +704,7 @@ def cli_search(args) -> int:
     ahead = getattr(args, "ahead", None)
     cproc = getattr(args, "compile_processes", None)
     if cproc is None and args.workers > 1:
-        cproc = max(1, default_compile_processes() // args.workers)
+        cproc = max(1, default_compile_processes(s.model) // args.workers)
     ctarget = getattr(args, "compile_target", None)
     deadline = getattr(args, "deadline", None)      # time.time() after which no trial starts (scripts)
     console_err = _console()

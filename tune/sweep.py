@@ -143,7 +143,7 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
         for i in valid:
             groups.setdefault(kernel_key(cfgs[i]), []).append(i)
         st["kernels"] = len(groups)
-        n = min(compile_processes or default_compile_processes(), len(groups))
+        n = min(compile_processes or default_compile_processes(model), len(groups))
         envs = [{"CUDA_VISIBLE_DEVICES": str(j % workers)} if workers > 1 else None for j in range(n)]
         pool = WorkerPool(n, envs, "compile")
         left = [len(groups)]
