@@ -58,6 +58,7 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
 
 
 class Monokernel:
+    EXACT_PREFILL = True        # prefill in float32 (see __init__); the TP ranks override it
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
                  trace_tokens: int = 0, compile_only: bool = False):
@@ -76,7 +77,13 @@ class Monokernel:
         self.sms = sms
         if self.ecfg.weight_ring and self.vendor not in (INTERPRET, 1):
             raise ConfigError("weight_ring needs NVIDIA sm_90 bulk copies (no AMD path is written)")
-        self.ref = Reference(cfg, weights, max_seq)
+        # The prompt's prefill: the reference in float32 over the checkpoint's weights, into the model-dtype
+        # KV cache the kernel extends. The kernel's activations are float32; a bf16 prefill's per-op rounding
+        # was most of its teacher-forced error against the float32 oracle (kog.engine.bench). Tensor-parallel
+        # ranks and tp_compat keep the model dtype: their prefill must match TPMonokernel's bit for bit.
+        exact = self.EXACT_PREFILL and self.ecfg.tp_compat <= 1
+        self.ref = Reference(cfg, weights, max_seq, compute_dtype=torch.float32 if exact else None,
+                             cache_dtype=weights.dtype)
         self.max_seq = self.ref.max_seq
         # attention splits: each covers attn_block positions, together the whole cache (or the sliding window)
         span = min(self.max_seq, getattr(cfg, "sliding_window", None) or self.max_seq)
@@ -145,7 +152,7 @@ class Monokernel:
         self.soff = torch.tensor(soffs, device=dev)
         self._soff_np = soffs
         self.embed = w["embed"]
-        cos, sin = self.ref.cos.float(), self.ref.sin.float()   # the reference's (model-dtype) table
+        cos, sin = self.ref.cos.float(), self.ref.sin.float()   # the prefill's table (float32, or tp_compat's model dtype)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
 
     def _placeholder(self, dtype) -> torch.Tensor:

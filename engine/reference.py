@@ -59,6 +59,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear in x's dtype: a weight (or bias) of another dtype is cast for this one product."""
+    if w.dtype != x.dtype:
+        w = w.to(x.dtype)
+    if b is not None and b.dtype != x.dtype:
+        b = b.to(x.dtype)
+    return F.linear(x, w, b)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -72,16 +81,21 @@ class Reference(torch.nn.Module):
     compile/graph use; ints are accepted too). forward_tokens(tokens, start_pos) -> logits of every position.
     """
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, max_seq: int | None = None):
+    def __init__(self, cfg: ModelConfig, weights: Weights, max_seq: int | None = None,
+                 compute_dtype: torch.dtype | None = None, cache_dtype: torch.dtype | None = None):
+        """compute_dtype (default: the weights'): the activations' dtype; a wider one than the weights' runs
+        every matmul on the weights upcast one matrix at a time (no second copy of the model), e.g. float32
+        over bf16 weights: the model's math without per-op bf16 rounding. cache_dtype (default: compute_dtype):
+        the KV cache's; the monokernel prefills in float32 into its bf16 cache."""
         super().__init__()
         self.cfg, self.w = cfg, weights
         self.max_seq = int(max_seq or min(cfg.max_position_embeddings, 4096))
-        dev, dt = weights.device, weights.dtype
+        dev, dt = weights.device, (compute_dtype or weights.dtype)
         self.device, self.dtype = dev, dt
         cos, sin = rope_cos_sin(cfg, self.max_seq, dev)
         self.cos, self.sin = cos.to(dt), sin.to(dt)      # HF casts the table to the activations' dtype
         self.cache = torch.zeros(cfg.num_layers, 2, cfg.num_kv_heads, self.max_seq, cfg.head_dim,
-                                 dtype=dt, device=dev)
+                                 dtype=cache_dtype or dt, device=dev)
         self.positions = torch.arange(self.max_seq, device=dev)
         # Plain attributes (not registered parameters), as gpt-fast: the compiled step treats them as constants.
         self.layers = [weights.layer(i) for i in range(cfg.num_layers)]
@@ -97,8 +111,8 @@ class Reference(torch.nn.Module):
         c = self.cfg
         T, nkv, hd = q.shape[0], c.num_kv_heads, c.head_dim
         g = c.num_heads // nkv
-        k = self.cache[layer, 0, :, :kv_len]                       # [nkv, S, hd]
-        v = self.cache[layer, 1, :, :kv_len]
+        k = self.cache[layer, 0, :, :kv_len].to(q.dtype)           # [nkv, S, hd] (no copy when same dtype)
+        v = self.cache[layer, 1, :, :kv_len].to(q.dtype)
         # Query head h = j*g + i reads kv head j: group the g query heads of each kv head as rows.
         qg = q.view(T, nkv, g, hd).permute(1, 2, 0, 3).reshape(nkv, g * T, hd)
         scores = torch.matmul(qg, k.transpose(1, 2)).float() * self.scale    # [nkv, g*T, S]
@@ -118,28 +132,30 @@ class Reference(torch.nn.Module):
         reference runs it on each rank's shard config and weights.)"""
         c = self.cfg
         T, nh, nkv, hd, eps = h.shape[0], c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        qkv = F.linear(h, L["wqkv"], L.get("bqkv"))
+        qkv = linear(h, L["wqkv"], L.get("bqkv"))
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q, k, v = q.view(T, nh, hd), k.view(T, nkv, hd), v.view(T, nkv, hd)
         if c.qk_norm:
-            q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
+            q, k = rms_norm(q, L["q_norm"].to(q.dtype), eps), rms_norm(k, L["k_norm"].to(q.dtype), eps)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        self.cache[i, 0].index_copy_(1, pos, k.transpose(0, 1))
-        self.cache[i, 1].index_copy_(1, pos, v.transpose(0, 1))
+        ct = self.cache.dtype
+        self.cache[i, 0].index_copy_(1, pos, k.transpose(0, 1).to(ct))
+        self.cache[i, 1].index_copy_(1, pos, v.transpose(0, 1).to(ct))
         return self._attention(q, i, pos, kv_len)
 
     def _forward(self, tokens: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
         """tokens [T] at positions pos [T]; attends to cache positions [0, kv_len). Returns logits [T, V]."""
         eps = self.cfg.rms_norm_eps
         cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]    # [T, 1, hd]
-        x = self.embed[tokens]                                              # [T, H]
+        dt = self.dtype
+        x = self.embed[tokens].to(dt)                                       # [T, H]
         for i, L in enumerate(self.layers):
-            h = rms_norm(x, L["attn_norm"], eps)
-            x = x + F.linear(self.attention_block(L, h, i, pos, kv_len, cos, sin), L["wo"])
-            h = rms_norm(x, L["ffn_norm"], eps)
-            x = x + F.linear(F.silu(F.linear(h, L["w_gate"])) * F.linear(h, L["w_up"]), L["w_down"])
-        return F.linear(rms_norm(x, self.final_norm, eps), self.lm_head)
+            h = rms_norm(x, L["attn_norm"].to(dt), eps)
+            x = x + linear(self.attention_block(L, h, i, pos, kv_len, cos, sin), L["wo"])
+            h = rms_norm(x, L["ffn_norm"].to(dt), eps)
+            x = x + linear(F.silu(linear(h, L["w_gate"])) * linear(h, L["w_up"]), L["w_down"])
+        return linear(rms_norm(x, self.final_norm.to(dt), eps), self.lm_head)
 
     # ---- public API ---------------------------------------------------------------------------------------
     def _as_tokens(self, tokens) -> torch.Tensor:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from kog.engine.bench import rel_errs
 from kog.probe.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.bench_tables import (critical_path_table, layer_segments, model_shapes_of, phase_breakdown,
@@ -209,8 +210,8 @@ def bench_sections(run, out: Path) -> list[Section]:
             s = systems[n] if isinstance(systems[n], dict) else {}
             rows.append({"system": n, "tok/s": v, "% of limit": (100 * v / limit) if limit else None,
                          "x torch-compile": (v / base) if base == base and base else None,
-                         "max rel err": s.get("max_rel_err"),
-                         "vs float32 math": s.get("max_rel_err_fp32_ref"),
+                         "max rel err vs float32": rel_errs(doc, s)[0],
+                         f"vs {doc.get('dtype', 'model-dtype')} reference": rel_errs(doc, s)[1],
                          "compile (s)": s.get("compile_seconds"),
                          "note": s.get("note") or s.get("stopped_early"),
                          "error": s.get("error") or s.get("max_rel_err_error") or s.get("breakdown_error")
@@ -219,9 +220,9 @@ def bench_sections(run, out: Path) -> list[Section]:
         sec.table(table.dropna(axis=1, how="all"))
         r32 = doc.get("reference_max_rel_err_vs_fp32")
         if isinstance(r32, (int, float)):
-            sec.p(f"Errors are teacher-forced, against the reference in the model dtype; 'vs float32 math' is "
-                  f"against the same reference computed in float32 over the same weights, where the model-dtype "
-                  f"reference itself is at {r32:.2e}: the scale of bf16/fp16 rounding noise for this model.")
+            sec.p(f"Errors are teacher-forced: against the reference computed in float32 over the same weights, "
+                  f"and against the same reference run in the model dtype, which itself is at {r32:.2e} from the "
+                  f"float32 one: the scale of bf16/fp16 rounding noise for this model.")
     sections.append(sec)
 
     per_system = system_breakdowns(doc, bd)

@@ -245,3 +245,32 @@ def test_not_a_directory_and_no_weights(tmp_path):
                                                       "num_hidden_layers": 1, "num_attention_heads": 2}))
     with pytest.raises(ConfigError, match=r"no \*\.safetensors"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_float32_compute_over_bf16_weights(arch):
+    """compute_dtype=float32 over bf16 weights is the model's float32 math on the checkpoint's values: the
+    same logits as a Reference over the weights upcast (the bench's oracle, without a second copy of the
+    model); cache_dtype=bf16 (the monokernel's prefill) stores the KV cache rounded and stays far closer to
+    that oracle than the bf16 Reference does."""
+    from kog.engine.config import PRESETS
+    from kog.engine.weights import Weights
+    extra = {"qwen2": dict(attention_bias=True), "qwen3": dict(qk_norm=True)}.get(arch, {})
+    cfg = PRESETS["tiny"].replace(arch=arch, dtype="bfloat16", **extra)
+    w = random_weights(cfg, "cpu", seed=5, dtype=torch.bfloat16)
+    w32 = Weights({k: v.float() for k, v in w.items()})
+    if w.tied:
+        w32["lm_head"] = w32["embed"]
+    prompt, forced = [3, 9, 27, 81, 243, 17, 5], [1, 2, 3, 4, 5, 6]
+    want = Reference(cfg, w32, 32).teacher_forced_logits(prompt, forced)
+    got = Reference(cfg, w, 32, compute_dtype=torch.float32).teacher_forced_logits(prompt, forced)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    r = Reference(cfg, w, 32, compute_dtype=torch.float32, cache_dtype=torch.bfloat16)
+    assert r.cache.dtype == torch.bfloat16
+    half = r.teacher_forced_logits(prompt, forced)
+    bf16 = Reference(cfg, w, 32).teacher_forced_logits(prompt, forced).float()
+
+    def err(a):
+        return float((a - want).abs().max() / want.abs().max())
+    assert 0 < err(half) < err(bf16) / 2, (err(half), err(bf16))

@@ -1,7 +1,7 @@
 """The objective: the engine's median tok/s behind a correctness gate, each trial in an isolated process.
 
 Child side (run by kog.tune.worker): `gpu_trial` builds the monokernel for one EngineConfig, checks its
-teacher-forced logits against the reference (max_rel_err <= 2e-2, else CorrectnessError: a wrong config is
+teacher-forced logits against the reference computed in float32 (max_rel_err <= 2e-2, else CorrectnessError: a wrong config is
 a failed trial, never a best; with payload "tp" {"G" > 1, "exchange_rows"} it builds the tensor-parallel
 engine kog.engine.tp_monokernel.TPMonokernel over cuda:0..G-1 instead), reports a short measurement (for pruning), then returns the median tok/s of
 `repeats` runs (TRIAL_DEFAULTS: 128 tokens x 3). In a warm worker (isolation.WarmWorker) the weights, the
@@ -111,7 +111,9 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
         st = CACHE[key] = {"model": model, "weights": weights, "prompt": prompt, "forced": forced, "ref": None}
     if gate and st["ref"] is None:
         from kog.engine.reference import Reference
-        st["ref"] = Reference(st["model"], st["weights"]).teacher_forced_logits(st["prompt"], st["forced"]).float()
+        # the oracle: the reference computed in float32 over the same weights (kog.engine.bench's max_rel_err)
+        st["ref"] = Reference(st["model"], st["weights"], compute_dtype=torch.float32).teacher_forced_logits(
+            st["prompt"], st["forced"]).float()
     return st
 
 
