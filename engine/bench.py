@@ -155,12 +155,12 @@ def _host_copy_GBps(nbytes: int = 64 << 20) -> float:
     return 2 * nbytes / statistics.median(ts) / 1e9
 
 
-def reference_greedy(cfg, weights, prompt: list[int], n: int):
+def reference_greedy(cfg, weights, prompt: list[int], n: int, compute_dtype=None):
     """The Reference's greedy tokens and its logits for them, along the decode path (teacher_forced_logits
-    semantics): (tokens [n], logits [n, V] float32)."""
+    semantics): (tokens [n], logits [n, V] float32). compute_dtype=torch.float32: the oracle's."""
     import torch
     from kog.engine.reference import Reference
-    ref = Reference(cfg, weights, len(prompt) + n)
+    ref = Reference(cfg, weights, len(prompt) + n, compute_dtype=compute_dtype)
     with torch.no_grad():
         if len(prompt) > 1:
             ref.prefill(prompt[:-1])
@@ -215,7 +215,7 @@ def sample_timeline(df, max_rows: int | None = None):
 
 def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: list[int], n: int, repeats: int,
                  ref_tokens: list[int] | None, ref_logits, advance: Callable[[], None] = lambda: None,
-                 traces: dict | None = None, ref32_logits=None) -> dict:
+                 traces: dict | None = None, ref32_logits=None, oracle_greedy=None) -> dict:
     """Build, warm up, then time `repeats` runs of one system; correctness against the reference.
     With `traces`, the instrumented run's trace table (sysobj.trace_table after breakdown(), sampled by
     sample_timeline) goes into traces[name]."""
@@ -243,6 +243,15 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
                    seconds_per_token=1.0 / statistics.median(runs))
         if ref_tokens is not None:
             rec["first_divergence"] = first_divergence(tokens, ref_tokens[:len(tokens)])
+        if oracle_greedy is not None:
+            # against the float32 oracle's own greedy path, and how near a tie its step there was: the gap
+            # between its top two logits over its largest |logit| (a gap under the error bound is a near-tie)
+            o_tok, o_lg = oracle_greedy
+            j = first_divergence(tokens, o_tok[:len(tokens)])
+            rec["first_divergence_oracle"] = j
+            if j is not None and j < len(o_tok):
+                top2 = o_lg[j].float().topk(2).values
+                rec["oracle_top2_gap_at_divergence"] = float((top2[0] - top2[1]) / o_lg[j].float().abs().max())
         # The gate and the breakdown are extras: their failure is recorded beside a valid speed.
         if hasattr(sysobj, "teacher_forced_logits") and ref_logits is not None:
             try:
@@ -335,10 +344,11 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
         bar.advance(task)
         bar.update(task, description="reference tokens + logits")
         ref_tokens, ref_logits = reference_greedy(cfg, w, prompt, tokens)
-        ref32_logits, ref_vs_fp32 = None, None
+        ref32_logits, ref_vs_fp32, oracle_greedy = None, None, None
         if w.dtype != torch.float32:
             ref32_logits = reference_fp32_logits(cfg, w, prompt, ref_tokens)
             ref_vs_fp32 = max_rel_err(ref_logits, ref32_logits)
+            oracle_greedy = reference_greedy(cfg, w, prompt, tokens, compute_dtype=torch.float32)
         bar.advance(task)
         wbpt = cfg.weight_bytes_per_token()
         results: dict[str, dict] = {}
@@ -348,7 +358,7 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             done0 = bar.tasks[0].completed
             rec = bench_system(name, known[name], cfg, w, device, prompt, tokens, repeats, ref_tokens,
                                ref_logits, advance=lambda: bar.advance(task), traces=traces,
-                               ref32_logits=ref32_logits)
+                               ref32_logits=ref32_logits, oracle_greedy=oracle_greedy)
             bar.update(task, completed=done0 + repeats + 1)
             if rec.get("error"):
                 run.note_error(name, rec["error"])
@@ -369,6 +379,9 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             "limit_tok_per_s": copy * 1e9 / wbpt,
             "max_rel_err_oracle": ORACLE_FP32 if ref32_logits is not None else ORACLE_SAME,
             "reference_max_rel_err_vs_fp32": ref_vs_fp32,
+            # where the model-dtype Reference's own greedy tokens leave the oracle's (None: never, or no oracle)
+            "reference_first_divergence_oracle": (None if oracle_greedy is None else
+                                                  first_divergence(ref_tokens, oracle_greedy[0])),
             # what the report's per-layer critical path needs to price each phase's weight bytes
             "model_shapes": {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
                              "qkv_size": cfg.qkv_size, "q_size": cfg.q_size, "num_layers": cfg.num_layers,

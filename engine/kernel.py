@@ -32,6 +32,8 @@ recorded as counter -16 - flag.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -40,6 +42,15 @@ from kog.engine.ring import ring_drain, ring_fill, ring_init, ring_tile, ring_wa
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
 from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
                                wait_counters)
+
+# Activation numerics, fixed per process. Default: activations stay float32 from step to step (the model's
+# math on the checkpoint's weights; what is rounded to the model dtype is what must be: the KV cache, and q
+# for the tensor-core dot against it), so the kernel's logits sit close to the float32 oracle
+# (kog.engine.bench: 2e-2 is below the distance of any bf16-rounding implementation, HF's own included).
+# KOG_HF_ROUNDING=1: round where HF keeps bf16/fp16 tensors (norm outputs, projections, residuals, RoPE,
+# scores, logits): HF's function, with its rounding noise. Read once at import (Triton checks that a global
+# constexpr is unchanged since compile). The tensor-parallel engines share it, so TP and tp_compat stay equal.
+HF_ROUNDING: tl.constexpr = tl.constexpr(os.environ.get("KOG_HF_ROUNDING", "0") == "1")
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -184,9 +195,11 @@ def _load_x(x_ptr, g_ptr, kk, K: tl.constexpr, EVEN: tl.constexpr, NORM: tl.cons
 
 @triton.jit
 def _rnd(x, DT: tl.constexpr):
-    """Round to the model dtype and back: activations are rounded where HF keeps bf16/fp16 tensors, so the
-    kernel computes the reference's function, not a more precise neighbour of it."""
-    return x.to(DT).to(tl.float32)
+    """Where HF keeps a bf16/fp16 tensor: round to the model dtype and back under HF_ROUNDING, else keep x
+    (float32 activations)."""
+    if HF_ROUNDING:
+        x = x.to(DT).to(tl.float32)
+    return x
 
 
 @triton.jit

@@ -27,9 +27,11 @@ def rel_err(a, b):
 
 
 def run_both(cfg, dtype, ecfg, prompt, n=5):
+    """(reference tokens, kernel tokens, max_rel_err) against the oracle: the reference computed in float32
+    over the same weights (the kernel prefills with it and keeps float32 activations; kog.engine.kernel)."""
     w = random_weights(cfg, "cpu", seed=3, dtype=dtype)
-    ref_tokens = Reference(cfg, w, 64).greedy(prompt, n)
-    ref_logits = Reference(cfg, w, 64).teacher_forced_logits(prompt, ref_tokens)
+    ref_tokens = Reference(cfg, w, 64, compute_dtype=torch.float32).greedy(prompt, n)
+    ref_logits = Reference(cfg, w, 64, compute_dtype=torch.float32).teacher_forced_logits(prompt, ref_tokens)
     mk = Monokernel(cfg, w, ecfg, max_seq=64)
     mk.n_eos = 0
     logits = mk.teacher_forced_logits(prompt, ref_tokens)
@@ -46,11 +48,14 @@ def test_matches_reference_fp32(mode):
 
 @pytest.mark.parametrize("arch, extra", [("qwen3", dict(qk_norm=True)), ("qwen2", dict(attention_bias=True))])
 def test_matches_reference_fp16_architectures(arch, extra):
-    """fp16 (the interpreter has no bf16): the kernel rounds where HF does, so logits agree to fp16 ulps."""
+    """fp16 (the interpreter has no bf16): float32 activations over fp16 weights, the fp16 KV cache the only
+    rounding: logits within fp16 ulps of the float32 oracle."""
     cfg = TINY.replace(arch=arch, **extra)
     ref, got, err = run_both(cfg, torch.float16, SMALL_TILES, list(range(3, 23)))
     assert got == ref
     assert err < 5e-3
+    if arch == "qwen3":     # 7.8e-4 measured; with KOG_HF_ROUNDING=1 (HF's fp16 roundings) 1.6e-3
+        assert err < 1.2e-3
 
 
 def test_long_context_spans_several_attention_splits():
