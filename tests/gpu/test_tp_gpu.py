@@ -35,7 +35,9 @@ prompt = list(range(7, 23))
 ref = Reference(cfg, w, 128).greedy(prompt, 24)
 rl = Reference(cfg, w, 128).teacher_forced_logits(prompt, ref).float()
 e = EngineConfig(block_k=256, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8, bn_lm=8)
-one = Monokernel(cfg, w, e, max_seq=128)
+class ModelDtypePrefill(Monokernel):
+    EXACT_PREFILL = False    # the TP ranks prefill in the model dtype: compare like with like
+one = ModelDtypePrefill(cfg, w, e, max_seq=128)
 t1, _ = one.generate(prompt, 24)
 tp = TPMonokernel(cfg, w, 2, e, devices=["cuda:0", "cuda:1"], max_seq=128)
 t2, _ = tp.generate(prompt, 24)
