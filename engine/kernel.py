@@ -445,7 +445,7 @@ def _task_epilogue(typ, y, y2, rows, act_ptr, out_off, res_off, bias_ptr, dep, l
                    HAS_BIAS: tl.constexpr, V: tl.constexpr, GPOW: tl.constexpr, SAMPLE: tl.constexpr):
     """A GEMV task's output, as the monokernel's per-task branches compute it (y: the rows' dot products with
     the RMSNorm scale applied; y2: gate_up's up rows): qkv (+ bias), o and down (+ residual), gate_up
-    (silu(gate) * up in the model dtype, as HF), lm (logits -> this tile's best candidate). Loads add the
+    (silu(gate) * up; rounded as HF under HF_ROUNDING), lm (logits -> this tile's best candidate). Loads add the
     caller's wait dependency `dep` (pipelined loops: keeps them below the wait)."""
     if typ == 0:       # qkv
         if HAS_BIAS:
@@ -699,7 +699,9 @@ def _cache_block(kbase, vbase, p0, pos, HD: tl.constexpr, BT: tl.constexpr):
 @triton.jit
 def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
     """Online-softmax update with one block of cached positions [p0, p0 + BT) (those < pos count).
-    Scores are rounded to the model dtype before scaling, as HF's bf16 q @ k^T then .float() * scale."""
+    Scores are rounded to the model dtype before scaling, as HF's bf16 q @ k^T then .float() * scale (in
+    either numerics mode: one of the roundings the float32-activation default keeps, with q's and p's bf16
+    for the tensor-core dots)."""
     t = tl.arange(0, BT)
     s = tl.dot(qb, tl.trans(kb)).to(kb.dtype).to(tl.float32) * sm_scale      # [GP, BT]
     s = tl.where(((p0 + t) < pos)[None, :], s, float("-inf"))
@@ -770,7 +772,7 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
     positions [p0, p0 + BT) that precede pos, plus the new position pos when it falls in this split. Writes
     the split's softmax partial (acc, m, l) for the combine. kb0/vb0 were loaded by the caller before it
-    waited for q/k/v. Rounding follows HF: RoPE and q/k norm in the model dtype, bf16 scores."""
+    waited for q/k/v. Under HF_ROUNDING, RoPE and q/k norm round to the model dtype as HF's do."""
     DT: tl.constexpr = kbase.dtype.element_ty
     d = tl.arange(0, HD)
     half: tl.constexpr = HD // 2
@@ -1229,7 +1231,7 @@ def monokernel(
                                                         err_ptr, max_spin, ti, tasks_ptr, t_hi, H, BN_GU, BK_GU, WAIT,
                                                         I * H, PFB, TRACE, VENDOR)
                     gt = _rnd(ag, DT)
-                    y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # HF: silu(g) * u in bf16
+                    y = _rnd(_rnd(gt / (1.0 + tl.exp(-gt)), DT) * _rnd(au, DT), DT)   # silu(g) * u (HF: in bf16)
                     tl.store(act_ptr + tl.load(aoff_ptr + lrow + 4) + rows, y)
                     pend_n += 1
                 elif dtyp == T_DOWN:
@@ -1270,7 +1272,7 @@ def monokernel(
                                                     tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr,
                                                     max_spin, ti, tasks_ptr, t_hi, H, BN_LM, BK, True, WAIT, I * H,
                                                     PFB, TRACE, VENDOR)
-                    lg = _rnd(acc, DT)                            # HF returns logits in the model dtype
+                    lg = _rnd(acc, DT)                            # HF_ROUNDING: logits in the model dtype, as HF
                     if write_logits != 0:
                         tl.store(logits_ptr + tl.cast(step, tl.int64) * V + rows, lg)
                     if SAMPLE == 2:
