@@ -59,6 +59,7 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
 
 class Monokernel:
     EXACT_PREFILL = True        # prefill in float32 (see __init__); the TP ranks override it
+
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
                  trace_tokens: int = 0, compile_only: bool = False):
@@ -399,13 +400,11 @@ class Monokernel:
 
     def _start(self, args, meta) -> None:
         from kog.engine.kernel import monokernel
-        if self.compile_only:      # placeholder weights: compile and load the variant, never run it
-            self._add_ring_smem(monokernel.warmup(*args, grid=(self.plan.grid,), **meta))
-            return
-        if self.ring_extra_smem and self.vendor != INTERPRET:
+        if self.compile_only or (self.ring_extra_smem and self.vendor != INTERPRET):
             # every compiled variant (traced, logits, sampling modes) gets the ring's shared memory first
             self._add_ring_smem(monokernel.warmup(*args, grid=(self.plan.grid,), **meta))
-        monokernel[(self.plan.grid,)](*args, **meta)
+        if not self.compile_only:  # placeholder weights: compile and load the variant, never run it
+            monokernel[(self.plan.grid,)](*args, **meta)
 
     def _check_residency(self, k) -> None:
         """Refuse a grid larger than what fits on the SMs at once (a persistent grid must be co-resident)."""
