@@ -44,7 +44,8 @@ class EngineConfig:
     prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off;
                                       # with weight_ring: the chunk this many beyond each ring copy)
     blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
-    row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs
+    row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs;
+                                      # 2 (with weight_ring): rows in blocks through shared memory (ring.rows_*)
     pipeline_stages: int = 0          # > 1: each CTA runs consecutive same-phase GEMV tasks as one loop Triton
                                       # software-pipelines (num_stages): weight chunks in flight across tasks
     flat_loop: int = 0                # 1 (with pipeline_stages): one pipelined loop per run of GEMV tasks of
@@ -111,7 +112,9 @@ class EngineConfig:
         need(pow2(self.block_k), f"block_k {self.block_k} is not a power of two")
         need(0 <= self.prefetch <= 8, f"prefetch {self.prefetch} not in 0..8")
         need(0 <= self.blocked_prefetch <= 8, f"blocked_prefetch {self.blocked_prefetch} not in 0..8")
-        need(self.row_prefetch in (0, 1), f"row_prefetch {self.row_prefetch} not in 0, 1")
+        need(self.row_prefetch in (0, 1, 2), f"row_prefetch {self.row_prefetch} not in 0, 1, 2")
+        need(self.row_prefetch != 2 or self.weight_ring > 0,
+             "row_prefetch 2 (task rows through shared memory) runs with weight_ring > 0")
         need(self.pipeline_stages in (0, 2, 3, 4, 5, 6), f"pipeline_stages {self.pipeline_stages} not in 0, 2..6")
         if self.pipeline_stages:
             need(self.row_prefetch == 0 and self.prefetch == 0 and self.blocked_prefetch == 0,

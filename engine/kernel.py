@@ -38,7 +38,8 @@ import triton
 import triton.language as tl
 
 from kog.engine.abort import record_abort
-from kog.engine.ring import ring_drain, ring_fill, ring_init, ring_tile, ring_wait
+from kog.engine.ring import (ROW_BLOCK, ring_drain, ring_fill, ring_init, ring_tile, ring_wait, row_read, rows_load,
+                             rows_store)
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
 from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
                                wait_counters)
@@ -993,6 +994,9 @@ def monokernel(
     BKC_LM: tl.constexpr = 0, BKC_X: tl.constexpr = 0,
     # qkv handed to attention as token-tagged 64-bit words (qkvt_ptr: [L, qkv rows] int64), not via counters
     TAGQKV: tl.constexpr = False, qkvt_ptr=None,
+    # EngineConfig.row_prefetch 2 (with the ring): the compact task rows (kog.engine.ring.compact_rows) read in
+    # blocks into shared memory (grow_ptr: the interpreter's global stand-in)
+    rows4_ptr=None, grow_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -1033,7 +1037,8 @@ def monokernel(
         cn = nch * 0         # chunks consumed (an int32 tensor: loop-carried)
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, ring_sz_ptr, RING, SLOTB, RING_SIZES,
                        VENDOR, PF_DIST)
-    if ROWPF:
+    ROWSM: tl.constexpr = (ROWPF == 2) and (RING > 0)
+    if ROWPF == 1:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
         r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tl.maximum(tl.minimum(t_lo, t_hi - 1), 0))
@@ -1062,10 +1067,25 @@ def monokernel(
             pend_idx = -1    # deferred release: pend_n finished tiles not yet published on counter pend_idx
             pend_n = 0
             fail = -1        # pipelined runs: first timed-out counter (-1: none)
+            if ROWSM:
+                # the token's first block of rows into row buffer 0 (every thread read the last token's rows
+                # before the CTA barrier that ended it); the block-start barrier of task 0 publishes it
+                rows_store(rbase, grow_ptr, cta, 0, rows_load(rows4_ptr, t_lo, t_hi, True), VENDOR)
             for ti in range(t_lo, t_hi):
                 # task row: type, layer, tile, barrier#, weight offset (lo, hi), release counter, wait base
                 trow = tasks_ptr + ti * 8
-                if ROWPF:
+                if ROWSM:
+                    # rows from shared memory: at a block's first task, a CTA barrier (every thread is done
+                    # with the buffer the next block goes to, and the stores of this block are visible),
+                    # then the next block's load, stored after this task (its latency hidden by the task)
+                    j = ti - t_lo
+                    blk0 = (j % ROW_BLOCK) == 0
+                    if blk0:
+                        tl.debug_barrier()
+                    nxt = rows_load(rows4_ptr, ti + ROW_BLOCK, t_hi, blk0)
+                    typ, layer, tile, rel, cb = row_read(rbase, grow_ptr, cta, j, VENDOR)
+                    w_off = tl.zeros([], dtype=tl.int64)     # the ring reads no weight offset
+                elif ROWPF == 1:
                     typ, layer, tile, w_off, rel, cb = r_typ, r_layer, r_tile, r_woff, r_rel, r_cb
                     tn = ti + 1
                     tn = tl.where(tn < t_hi, tn, t_lo)     # after the last task: the next token's first
@@ -1298,7 +1318,10 @@ def monokernel(
                 elif dtyp == T_BAR:  # grid mode's global barrier after a phase
                     tl.debug_barrier()
                     tl.atomic_add(sync_ptr + S_BAR, 1, sem="release", scope="gpu")
-                    nb = step * bar_per_tok + tl.load(trow + 3) + 1
+                    if ROWSM:
+                        nb = step * bar_per_tok + tile + 1    # compact rows carry the barrier number as tile
+                    else:
+                        nb = step * bar_per_tok + tl.load(trow + 3) + 1
                     if PFB > 0:
                         if tl.load(sync_ptr + S_BAR, volatile=True) < nb * nprog:
                             _prefetch_tasks(w_ptr, tasks_ptr, ti + 1, tl.minimum(ti + 1 + PFB, t_hi), I * H, VENDOR)
@@ -1309,6 +1332,9 @@ def monokernel(
                     if (step < trace_tokens) & (tr < trace_cap) & (rec != 0):
                         _trace(trace_ptr, cta, tr, trace_cap, t_start, waited, ti, step, VENDOR)
                         tr += 1
+                if ROWSM:
+                    if blk0:
+                        rows_store(rbase, grow_ptr, cta, ((ti - t_lo) // ROW_BLOCK + 1) % 2, nxt, VENDOR)
             _flush(cnt_ptr, pend_idx, pend_n)
             # this CTA is done with the token: publish its best candidate; the last CTA to finish samples
             tl.store(partial_v_ptr + cta, best_v)

@@ -244,6 +244,11 @@ class Monokernel:
         self.ring_extra_smem = ring_bytes(e.weight_ring, block_k=e.block_k, bn=bn)
         n = self.plan.grid * e.weight_ring * self.slot_bytes // 2 if self.vendor == INTERPRET else 1
         self.gring = torch.zeros(n, dtype=self.wbuf.dtype, device=self.device)
+        if e.row_prefetch == 2:      # task rows through shared memory (kog.engine.ring.compact_rows)
+            from kog.engine.ring import ROW_BLOCK, compact_rows
+            self.rows4 = torch.tensor(compact_rows(tasks), dtype=torch.int32, device=self.device)
+            n = self.plan.grid * 2 * ROW_BLOCK.value * 4 if self.vendor == INTERPRET else 1
+            self.grow = torch.zeros(n, dtype=torch.int32, device=self.device)
 
     def _task_table(self) -> np.ndarray:
         """The plan's tasks with what each needs precomputed (one row of 8 int32 per task): type, layer, tile,
@@ -361,6 +366,8 @@ class Monokernel:
                 meta.update(TAGQKV=True, qkvt_ptr=self.qkvt)
             if self.ring_sizes:
                 meta.update(RING_SIZES=True, ring_sz_ptr=self.ring_sz)
+            if e.row_prefetch == 2:
+                meta.update(rows4_ptr=self.rows4, grow_ptr=self.grow)
         if self.vendor == 1:
             # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
             meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)

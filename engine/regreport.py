@@ -135,6 +135,8 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                                                          QS=cfg.q_size, block_k=e.block_k, bn=bn))
         if padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=e.block_k, bn=bn):
             meta.update(RING_SIZES=True, ring_sz_ptr=T(i32))
+        if e.row_prefetch == 2:       # as Monokernel._ring_tables
+            meta.update(rows4_ptr=T(i32), grow_ptr=T(i32))
         from kog.engine import plan as _plan
         if _plan.TAGGED_QKV:          # as Monokernel.tag_qkv
             meta.update(TAGQKV=True, qkvt_ptr=T(i64))

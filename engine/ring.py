@@ -35,10 +35,15 @@ import triton
 import triton.language as tl
 
 from kog.engine.abort import record_abort
-from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-from kog.engine.vendor import ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy, ring_prefetch_l2
+from kog.engine.plan import T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV
+from kog.engine.vendor import (ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy, ring_prefetch_l2,
+                               st_shared_b32)
 
 BAR_BYTES = tl.constexpr(1024)   # the slots' mbarriers (8 bytes each) at the ring's start; slots follow
+# EngineConfig.row_prefetch = 2: the task rows in shared memory, two blocks of ROW_BLOCK compact rows (16 bytes
+# each) in the mbarriers' region from byte ROW_AREA (<= 16 slots use its first 128 bytes)
+ROW_BLOCK = tl.constexpr(16)
+ROW_AREA = tl.constexpr(512)
 
 
 def phase_bn(ecfg) -> dict[int, int]:
@@ -215,7 +220,64 @@ def ring_chunk_bytes(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int
     return np.asarray(out, dtype=np.int32)
 
 
+def compact_rows(tasks: np.ndarray) -> np.ndarray:
+    """The task table ([T, 8]: type, layer, tile, barrier number, weight offset, lines, release counter, wait
+    base) as the shared-memory row blocks hold it (row_prefetch 2): [T, 4] int32 = type | layer << 8, tile (a
+    barrier task: its barrier number), release counter, wait base. The ring path reads no weight offset."""
+    t = np.asarray(tasks, dtype=np.int64)
+    out = np.zeros((len(t), 4), dtype=np.int64)
+    out[:, 0] = t[:, 0] | (t[:, 1] << 8)
+    out[:, 1] = np.where(t[:, 0] == T_BAR, t[:, 3], t[:, 2])
+    out[:, 2] = t[:, 6]
+    out[:, 3] = t[:, 7]
+    return out.astype(np.int32)
+
+
 # ---- execution ---------------------------------------------------------------------------------------------
+
+# Task rows through shared memory (row_prefetch 2). A row read from global memory right before its task
+# left the load's L2 latency between every two tasks: ptxas moves the row into uniform registers at once,
+# so even a row loaded one task ahead (row_prefetch 1) stalled there (0.25-0.4 us a task on the H200, ~11% of
+# a sheared-llama-2.7b token at 760 tasks a CTA; bench/h200/ENGINE_NOTES.md, session 9). Now a CTA loads
+# ROW_BLOCK rows in one coalesced load per block, one block ahead, and each task reads its row from shared
+# memory. The interpreter keeps the blocks in global memory (grow_ptr), same indices.
+
+@triton.jit
+def rows_load(rows_ptr, r0, t_hi, on):
+    """Compact rows [r0, r0 + ROW_BLOCK) (those below t_hi, and only if `on`), as ROW_BLOCK * 4 words."""
+    e = tl.arange(0, ROW_BLOCK * 4)
+    r = r0 + e // 4
+    return tl.load(rows_ptr + r * 4 + e % 4, mask=(r < t_hi) & on, other=0)
+
+
+@triton.jit
+def rows_store(rbase, grow_ptr, cta, buf, v, VENDOR: tl.constexpr):
+    """Row block v (rows_load) into row buffer `buf` (0 or 1)."""
+    e = tl.arange(0, ROW_BLOCK * 4)
+    if VENDOR == 1:
+        st_shared_b32(rbase + ROW_AREA + buf * (ROW_BLOCK * 16) + e * 4, v, VENDOR)
+    else:
+        tl.store(grow_ptr + (cta * 2 + buf) * (ROW_BLOCK * 4) + e, v)
+
+
+@triton.jit
+def row_read(rbase, grow_ptr, cta, j, VENDOR: tl.constexpr):
+    """(type, layer, tile, release counter, wait base) of the CTA's j-th task of the token."""
+    i = ((j // ROW_BLOCK) % 2) * ROW_BLOCK + j % ROW_BLOCK
+    if VENDOR == 1:
+        a = rbase + ROW_AREA + i * 16
+        w0 = ld_shared_b32(a, VENDOR)
+        w1 = ld_shared_b32(a + 4, VENDOR)
+        w2 = ld_shared_b32(a + 8, VENDOR)
+        w3 = ld_shared_b32(a + 12, VENDOR)
+    else:
+        b = grow_ptr + cta * (2 * ROW_BLOCK * 4) + i * 4
+        w0 = tl.load(b)
+        w1 = tl.load(b + 1)
+        w2 = tl.load(b + 2)
+        w3 = tl.load(b + 3)
+    return w0 & 255, w0 >> 8, w1, w2, w3
+
 
 @triton.jit
 def _slot_addr(rbase, slot, SLOTB: tl.constexpr):

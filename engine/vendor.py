@@ -286,6 +286,13 @@ def ld_shared_b32(addr, VENDOR: tl.constexpr):
 
 
 @triton.jit
+def st_shared_b32(addr, v, VENDOR: tl.constexpr):
+    """Store 32-bit words v at shared addresses addr (tensors of equal shape); NVIDIA only."""
+    return tl.inline_asm_elementwise("st.shared.b32 [$1], $2;\nmov.u32 $0, 0;", "=r,r,r", [addr, v],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def dyn_smem_size(VENDOR: tl.constexpr):
     """Bytes of dynamic shared memory this launch got (%dynamic_smem_size): the ring sits at its end."""
     if VENDOR == 1:

@@ -215,14 +215,16 @@ WIDE_GU = dict(EQUAL_BN, bn_gate_up=8)        # gate_up's 2 x 8 rows fill a slot
 
 
 @pytest.mark.parametrize("cfg, mode, slots, rowpf, bns", [(RING_SHORT, "targeted", 2, 0, EQUAL_BN),
-                                                          (RING_SHORT, "grid", 3, 0, WIDE_GU),
+                                                          (RING_SHORT, "grid", 3, 2, WIDE_GU),
                                                           (RING_WHOLE, "targeted", 3, 1, WIDE_GU),
+                                                          (RING_WHOLE, "targeted", 2, 2, EQUAL_BN),
                                                           (RING_WHOLE, "grid", 2, 1, EQUAL_BN)])
 def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     """weight_ring: every GEMV reads its weights from the CTA's ring of slots, filled ahead across tasks,
     phases, layers and tokens (interpreter: the ring emulated in global memory, same cursors). down has
     K = 256 or 320 = 2 or 3 chunks of 128, so chunks of one task also follow each other through the slots.
-    With row_prefetch: the sm_90 default's combination. WIDE_GU: gate_up has half the rows of the other
+    With row_prefetch 1: the next task's row from global memory during the current task; 2: task rows in
+    blocks of 16 through shared memory (the interpreter: a global stand-in), crossing blocks and tokens. WIDE_GU: gate_up has half the rows of the other
     phases, so its chunks are twice as wide (chunk_shape): one chunk spans RING_WHOLE's K = 128."""
     from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
     from kog.engine.ring import chunk_shape, padded_fraction
@@ -236,6 +238,20 @@ def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf, prefetch=rowpf, **bns)
     ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
     assert got == ref and err < 1e-4
+
+
+def test_compact_rows_and_row_prefetch_2_validation():
+    """row_prefetch 2's rows: type | layer << 8, tile (a barrier's number), release counter, wait base; it
+    needs the ring (the blocks live in the ring's mbarrier region)."""
+    from kog.engine.plan import T_BAR, T_GU
+    from kog.engine.ring import compact_rows
+    tab = np.array([[T_GU, 7, 300, 0, 99, 5, 41, 12], [T_BAR, 3, 0, 17, 0, 0, -1, 0]], dtype=np.int32)
+    assert compact_rows(tab).tolist() == [[T_GU | 7 << 8, 300, 41, 12], [T_BAR | 3 << 8, 17, -1, 0]]
+    with pytest.raises(ConfigError, match="row_prefetch 2"):
+        EngineConfig(row_prefetch=2).validate(TINY)
+    with pytest.raises(ConfigError, match="row_prefetch"):
+        EngineConfig(row_prefetch=3).validate(TINY)
+    EngineConfig(row_prefetch=2, weight_ring=2).validate(TINY)
 
 
 def test_ring_chunk_width_fills_a_slot():

@@ -44,7 +44,9 @@ for name, cfg in variants.items():
     rl = Reference(cfg, w, 128, compute_dtype=torch.float32).teacher_forced_logits(prompt, ref).float()
     for mode in ("targeted", "grid"):
         # the last: gate_up at half the rows, so its chunks are twice as wide (one [8, 256] chunk spans K)
-        for ring, bk, rowpf, pf, bgu in ((3, 256, 1, 2, 8), (2, 128, 0, 0, 8), (3, 256, 1, 0, 4)):
+        # row_prefetch 2: task rows in blocks through shared memory
+        for ring, bk, rowpf, pf, bgu in ((3, 256, 1, 2, 8), (2, 128, 0, 0, 8), (3, 256, 1, 0, 4), (2, 128, 2, 0, 8),
+                                         (3, 256, 2, 0, 4)):
             if bgu != 8 and mode == "grid":
                 continue
             e = EngineConfig(mode=mode, weight_ring=ring, block_k=bk, bn_qkv=8, bn_o=8, bn_gate_up=bgu, bn_down=8,
@@ -57,7 +59,7 @@ for name, cfg in variants.items():
             top2 = rl.topk(2, -1).values
             gap = ((top2[:, 0] - top2[:, 1]) / rl.abs().max(-1).values).tolist()
             lim = next((i for i, g in enumerate(gap) if g < 4e-2), len(ref))
-            out[f"{name}/{mode}/ring{ring}/bk{bk}/gu{bgu}"] = {"tokens_equal": toks[:lim] == ref[:lim], "checked": lim,
+            out[f"{name}/{mode}/ring{ring}/bk{bk}/gu{bgu}/rows{rowpf}"] = {"tokens_equal": toks[:lim] == ref[:lim], "checked": lim,
                                                        "rel_err": max_rel_err(ml, rl)}
 try:
     Monokernel(variants["llama"], w if False else random_weights(variants["llama"], "cuda", seed=1),
