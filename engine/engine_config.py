@@ -16,11 +16,12 @@ from kog.engine.config import ConfigError, ModelConfig
 
 SYNC_MODES = ("targeted", "grid")
 # What the engine runs by default on NVIDIA sm_90+ (kog.engine.monokernel.platform_default): the weight ring
-# with 3 slots and the next task's row read during the current one (bench/h200/ENGINE_NOTES.md, session 5),
+# with 3 slots and each task's row read ahead of it (bench/h200/ENGINE_NOTES.md, session 5),
 # 64 cache positions per attention split (session 6: +1% over 32 in two same-run pairs on the H200), gate_up
 # in 4-row tiles, so one [8, 2048] chunk spans its K and its normed input is cached across tasks (session 7,
-# same-run pairs: 1,146.9 vs 1,107.5 tok/s for 4- vs 8-row tiles, 1,200.0 vs 1,149.6 with vs without the cache)
-SM90_DEFAULT = dict(weight_ring=3, row_prefetch=1, attn_block=64, bn_gate_up=4)
+# same-run pairs: 1,146.9 vs 1,107.5 tok/s for 4- vs 8-row tiles, 1,200.0 vs 1,149.6 with vs without the cache),
+# and the task rows through shared memory (session 9, same run: 1,265.3 vs 1,228.5 tok/s for row_prefetch 2 vs 1)
+SM90_DEFAULT = dict(weight_ring=3, row_prefetch=2, attn_block=64, bn_gate_up=4)
 MAX_ATTN_SPLITS = 64
 MAPPINGS = ("round-robin", "contiguous", "topology")
 PHASES = ("qkv", "o", "gate_up", "down", "lm")

@@ -615,13 +615,16 @@ def platform_default(cfg: ModelConfig, device=None, span: int | None = None) -> 
 
 
 def _default_config(cfg: ModelConfig, device, span: int | None = None) -> EngineConfig:
-    """The tuned config stored for this GPU and model shape (when it fits a cache of `span` positions), else
-    the platform's built-in default for that span."""
+    """The tuned config for this GPU and model shape (the user's store, else kog's own measured table,
+    kog.tune.store.builtin_config), when it fits a cache of `span` positions; else the platform's built-in
+    default for that span."""
     try:
         import torch as _t
-        from kog.tune.store import best_config
+        from kog.tune.store import best_config, builtin_config
         name = _t.cuda.get_device_name(device) if _t.cuda.is_available() else "cpu"
         best = best_config(name, cfg)
+        if best is None:                  # kog's own measured tiling for this GPU and shape, if any
+            best = builtin_config(name, cfg)
         if best is not None and fits(best, cfg, span):
             return best
     except Exception:

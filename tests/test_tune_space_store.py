@@ -85,9 +85,9 @@ def test_weight_ring_is_a_parameter_only_where_the_ring_runs():
     assert not ring_capable(NS(vendor="nvidia", arch="sm_80"))
     assert not ring_capable(NS(vendor="amd", arch="gfx942")) and not ring_capable(None)
     m = preset("llama-3.2-1b")
-    assert build_space(m).weight_ring == (0,)
+    assert build_space(m).weight_ring == (0,) and build_space(m).row_prefetch == (0, 1)
     sp = build_space(m, ring=True)
-    assert sp.weight_ring == WEIGHT_RING_CHOICES
+    assert sp.weight_ring == WEIGHT_RING_CHOICES and sp.row_prefetch == (0, 1, 2)   # 2: rows via shared memory
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = set()
     for _ in range(30):
@@ -97,3 +97,20 @@ def test_weight_ring_is_a_parameter_only_where_the_ring_runs():
     assert seen == set(WEIGHT_RING_CHOICES)
     with pytest.raises(Infeasible, match="weight_ring"):
         check_tp(EngineConfig(weight_ring=3), m, 2, 64, 8, 132)
+
+
+def test_builtin_table_gives_the_measured_tiling_for_its_device_and_shape_only(tmp_path, monkeypatch):
+    """tune/data/builtin_tuned.json: kog's own measured configs (sheared-llama-2.7b on the H200); a valid
+    config for that device and shape, nothing for another GPU, another model, another dtype. The engine
+    takes a user's stored config first."""
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    m = preset("sheared-llama-2.7b")
+    got = store.builtin_config("NVIDIA H200", m)
+    assert got is not None and got.weight_ring and got.row_prefetch == 2
+    got.validate(m)
+    assert store.builtin_config("NVIDIA H100 80GB HBM3", m) is None
+    assert store.builtin_config("NVIDIA H200", preset("llama-3.2-1b")) is None
+    assert store.builtin_config("NVIDIA H200", m.replace(dtype="float16")) is None
+    doc = json.loads(store.BUILTIN.read_text())
+    for e in doc["entries"].values():       # every entry names the committed measurement behind it
+        assert (store.Path(__file__).resolve().parents[1] / e["source"]["from"]).exists()

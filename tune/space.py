@@ -52,7 +52,8 @@ class Space:
     bn: dict[str, tuple[int, ...]] = field(default_factory=lambda: {p: BN_CHOICES for p in PHASES})
     sync_rows: tuple[int, ...] = SYNC_ROWS_CHOICES
     prefetch: tuple[int, ...] = (0, 1, 2)        # L2 prefetch distance in tasks
-    row_prefetch: tuple[int, ...] = (0, 1)       # next task's row read during the current task
+    row_prefetch: tuple[int, ...] = (0, 1)       # next task's row read during the current task (2: rows through
+                                                 # shared memory, with the ring: build_space)
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
     weight_ring: tuple[int, ...] = (0,)          # build_space(ring=True): WEIGHT_RING_CHOICES
     tp_degrees: tuple[int, ...] = (1,)           # > 1 entry: "tp_degree" is a parameter (module docstring)
@@ -108,7 +109,9 @@ def build_space(model: ModelConfig, has_scan: bool = True, ring: bool = False) -
             "down": model.hidden_size, "lm": model.vocab_size}
     bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0) or (1,) for ph in PHASES}
     maps = MAPPINGS if has_scan else tuple(m for m in MAPPINGS if m != "topology")
-    return Space(mappings=maps, bn=bn, weight_ring=WEIGHT_RING_CHOICES if ring else (0,))
+    # row_prefetch 2 (task rows through shared memory) runs only with the ring
+    return Space(mappings=maps, bn=bn, weight_ring=WEIGHT_RING_CHOICES if ring else (0,),
+                 row_prefetch=(0, 1, 2) if ring else (0, 1))
 
 
 def resolve_model_config(spec: str) -> ModelConfig:

@@ -97,6 +97,24 @@ def best_config(device_name: str, model_cfg: ModelConfig, include_simulated: boo
         return None
 
 
+BUILTIN = Path(__file__).resolve().parent / "data" / "builtin_tuned.json"
+
+
+def builtin_config(device_name: str, model_cfg: ModelConfig) -> EngineConfig | None:
+    """kog's own measured config for this device and model shape (tune/data/builtin_tuned.json: tilings that
+    sweeps on the lent H200 found and the committed bench ran, with the file that shows it), or None.
+    Matched on device, shape signature and dtype, not on kog's version. The engine consults it after the
+    user's store (best_config) and before the platform's built-in rule (kog.engine.monokernel)."""
+    sig = shape_signature(model_cfg)
+    for e in _load(BUILTIN)["entries"].values():
+        if e.get("device") == device_name and e.get("shape") == sig and e.get("dtype") == model_cfg.dtype:
+            try:
+                return EngineConfig.from_dict(e["config"])
+            except Exception:
+                return None
+    return None
+
+
 def entries() -> list[dict[str, Any]]:
     return list(_load(store_path())["entries"].values())
 
