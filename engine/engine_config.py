@@ -59,6 +59,9 @@ class EngineConfig:
                                       # phases, layers and tokens (NVIDIA sm_90; emulated by the interpreter)
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 32              # KV positions per attention split (widened for long caches: attn_layout)
+    attn_tile: int = 0                # > 0: positions per tl.dot tile, a split walking attn_block / attn_tile of
+                                      # them (Triton's shared memory holds one tile: the ring keeps its slots
+                                      # at wider splits); 0: one tile of attn_block
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
 
     def replace(self, **kw: Any) -> "EngineConfig":
@@ -92,7 +95,8 @@ class EngineConfig:
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
                 self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
-                self.row_prefetch, self.pipeline_stages, self.flat_loop, self.tp_compat, self.weight_ring)
+                self.row_prefetch, self.pipeline_stages, self.flat_loop, self.tp_compat, self.weight_ring,
+                self.attn_tile)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -150,11 +154,14 @@ class EngineConfig:
             # checks the exact figure after compiling
             from kog.engine.ring import phase_bn, ring_bytes
             per_cta = (ring_bytes(self.weight_ring, block_k=self.block_k, bn=phase_bn(self))
-                       + self.attn_block * model.head_dim * 2 + 9 * 1024)
+                       + (self.attn_tile or self.attn_block) * model.head_dim * 2 + 9 * 1024)
             need(per_cta * self.ctas_per_sm <= 228 * 1024,
                  f"weight_ring {self.weight_ring} does not fit: {self.ctas_per_sm} CTAs/SM x ~{per_cta // 1024} KiB "
                  f"of shared memory each exceed the 228 KiB of an sm_90 SM")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
+        if self.attn_tile:
+            need(pow2(self.attn_tile) and 16 <= self.attn_tile <= self.attn_block,
+                 f"attn_tile {self.attn_tile} must be a power of two in 16..attn_block ({self.attn_block})")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size
         # K need not be a multiple of block_k: the last chunk of a row is masked.

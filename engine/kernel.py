@@ -769,11 +769,14 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
 @triton.jit
 def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, split, pos,
                 eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
-                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr, TAG: tl.constexpr = False):
+                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr, TAG: tl.constexpr = False,
+                BSP: tl.constexpr = 0):
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
-    positions [p0, p0 + BT) that precede pos, plus the new position pos when it falls in this split. Writes
-    the split's softmax partial (acc, m, l) for the combine. kb0/vb0 were loaded by the caller before it
-    waited for q/k/v. Under HF_ROUNDING, RoPE and q/k norm round to the model dtype as HF's do."""
+    positions [p0, p0 + BSP) that precede pos, plus the new position pos when it falls in this split. Writes
+    the split's softmax partial (acc, m, l) for the combine. The positions go through tl.dot in tiles of BT
+    (EngineConfig.attn_tile; BSP = 0: one tile); kb0/vb0, the first tile's K/V, were loaded by the caller
+    before it waited for q/k/v. Under HF_ROUNDING, RoPE and q/k norm round to the model dtype as HF's do."""
+    SPAN: tl.constexpr = BSP if BSP > 0 else BT
     DT: tl.constexpr = kbase.dtype.element_ty
     d = tl.arange(0, HD)
     half: tl.constexpr = HD // 2
@@ -794,7 +797,7 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, HD], dtype=tl.float32)
-    if (pos >= p0) & (pos < p0 + BT):
+    if (pos >= p0) & (pos < p0 + SPAN):
         # this split holds the new position: its k/v enter from registers and go to the cache for later tokens
         kof = QS + g * HD
         k = _qkv_val(qkv_ptr, kof + d, d >= 0, TAG)
@@ -810,8 +813,17 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
         m_i = _rnd(tl.sum(q * k[None, :], axis=1), DT) * sm_scale
         l_i = tl.full([GP], 1.0, tl.float32)
         acc = tl.zeros([GP, HD], dtype=tl.float32) + v[None, :]
-    if p0 < pos:
-        m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+    if SPAN == BT:
+        if p0 < pos:
+            m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+    else:
+        if p0 < pos:
+            m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+        for t0 in range(BT, SPAN, BT):
+            # later tiles load in turn (loading the next during the current one spilled: 255 registers)
+            if p0 + t0 < pos:
+                kb, vb = _cache_block(kbase, vbase, p0 + t0, pos, HD, BT)
+                m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
     base = part_ptr + (g * S + split) * GP * (HD + 2)
     tl.store(base + gq[:, None] * HD + d[None, :], acc)
     tl.store(base + GP * HD + gq, m_i)
@@ -997,6 +1009,9 @@ def monokernel(
     # EngineConfig.row_prefetch 2 (with the ring): the compact task rows (kog.engine.ring.compact_rows) read in
     # blocks into shared memory (grow_ptr: the interpreter's global stand-in)
     rows4_ptr=None, grow_ptr=None,
+    # EngineConfig.attn_tile > 0: BT is the attention's tl.dot tile (attn_tile) and BS the cache positions per
+    # split (attn_block), which a split walks tile by tile; 0: a split is one tile of BT positions
+    BS: tl.constexpr = 0,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -1038,6 +1053,7 @@ def monokernel(
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, ring_sz_ptr, RING, SLOTB, RING_SIZES,
                        VENDOR, PF_DIST)
     ROWSM: tl.constexpr = (ROWPF == 2) and (RING > 0)
+    SPLIT: tl.constexpr = BS if BS > 0 else BT             # positions per attention split
     if ROWPF == 1:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
@@ -1174,7 +1190,7 @@ def monokernel(
                     p_lo = 0
                     if window > 0:
                         p_lo = tl.maximum(pos - window + 1, 0)
-                    p0 = p_lo + split * BT
+                    p0 = p_lo + split * SPLIT
                     if p0 <= pos:
                         kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)   # before the wait
                         if TAGQKV:   # qkv as token-tagged words: the wait polls them
@@ -1199,7 +1215,7 @@ def monokernel(
                         _attn_split(qkv_in, part_ptr, kbase, kbase + kc_layer, kb0,
                                     vb0, p0, cos_ptr, sin_ptr, small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
-                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM, TAGQKV)
+                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM, TAGQKV, SPLIT)
                     tl.debug_barrier()
                     # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
                     # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
@@ -1207,7 +1223,7 @@ def monokernel(
                     # the previous layer's real last split miss its turn (no merge, no release: deadlock)
                     old = tl.atomic_add(sync_ptr + S_ARR + layer * NKV + g, 1, sem="acq_rel", scope="gpu")
                     if old == (step + 1) * attn_S - 1:
-                        n_act = tl.minimum((pos - p_lo) // BT + 1, attn_S)
+                        n_act = tl.minimum((pos - p_lo) // SPLIT + 1, attn_S)
                         _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
                                       GH, SP, DT)
                         pend_n += 1

@@ -240,6 +240,21 @@ def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     assert got == ref and err < 1e-4
 
 
+@pytest.mark.parametrize("mode, block, tile, prompt", [("targeted", 32, 16, list(range(5, 25))),
+                                                       ("grid", 64, 16, list(range(3, 40)))])
+def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):
+    """attn_tile: a split covers attn_block positions in tiles of attn_tile (the next tile's K/V loaded during
+    the current one). Positions 20-24 and 37-41: a full first tile, then the new position in the second or
+    third of the split's tiles: same tokens and logits as the float32 reference."""
+    ref, got, err = run_both(TINY, torch.float32, SMALL_TILES.replace(mode=mode, attn_block=block, attn_tile=tile),
+                             prompt)
+    assert got == ref and err < 1e-4
+    with pytest.raises(ConfigError, match="attn_tile"):
+        EngineConfig(attn_block=32, attn_tile=64).validate(TINY)
+    with pytest.raises(ConfigError, match="attn_tile"):
+        EngineConfig(attn_block=32, attn_tile=24).validate(TINY)
+
+
 def test_compact_rows_and_row_prefetch_2_validation():
     """row_prefetch 2's rows: type | layer << 8, tile (a barrier's number), release counter, wait base; it
     needs the ring (the blocks live in the ring's mbarrier region)."""
