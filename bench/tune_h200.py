@@ -184,16 +184,17 @@ def _pct(xs, q):
 def search_stats(db: Path, model: str) -> dict:
     """Per-trial walls, the engine default's trial (the initial design queues it first) and the best."""
     import optuna
-    from kog.engine.engine_config import EngineConfig, sm90_default
     from kog.probe.device import require_gpu
-    from kog.tune.space import resolve_model_config, ring_capable
+    from kog.tune.search import engine_default
+    from kog.tune.space import resolve_model_config
     from optuna.trial import TrialState
     st = optuna.load_study(study_name="tune-h200", storage=f"sqlite:///{db.resolve()}")
     ts = st.get_trials(deepcopy=False)
     walls = [t.user_attrs["wall_s"] for t in ts if "wall_s" in t.user_attrs]
     # the same default as the initial design's first trial (kog.tune.search.initial_design): what the
     # engine runs on this device when nothing is stored
-    dflt = (sm90_default(resolve_model_config(model)) if ring_capable(require_gpu()) else EngineConfig()).to_dict()
+    dev = require_gpu()
+    dflt = engine_default("gpu", dev.name, dev, resolve_model_config(model)).to_dict()
     d = [t for t in ts if t.user_attrs.get("config") == dflt and t.state == TrialState.COMPLETE]
     done = [t for t in ts if t.state == TrialState.COMPLETE]
     best = max(done, key=lambda t: t.value) if done else None

@@ -66,6 +66,7 @@ def test_store_roundtrip(tmp_path, monkeypatch, capsys):
     assert main(["show", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert len(d["entries"]) == 1 and d["entries"][0]["tok_per_s"] == 1300.0
+    assert [e["model"] for e in d["builtin"]] == ["sheared-llama-2.7b"]     # kog's own table, listed beside
 
 
 def test_simulated_entry_not_used_by_default(tmp_path, monkeypatch):
@@ -114,3 +115,17 @@ def test_builtin_table_gives_the_measured_tiling_for_its_device_and_shape_only(t
     doc = json.loads(store.BUILTIN.read_text())
     for e in doc["entries"].values():       # every entry names the committed measurement behind it
         assert (store.Path(__file__).resolve().parents[1] / e["source"]["from"]).exists()
+
+
+def test_search_baseline_is_what_the_engine_runs_there():
+    """The search's first trial (kog.tune.search.engine_default): on a ring-capable GPU kog's measured table
+    for that GPU and shape, else the sm_90 rule; off the GPU backend, EngineConfig()."""
+    from types import SimpleNamespace as NS
+    from kog.engine.engine_config import sm90_default
+    from kog.tune.search import engine_default
+    h200 = NS(vendor="nvidia", arch="sm_90", name="NVIDIA H200")
+    sheared, llama = preset("sheared-llama-2.7b"), preset("llama-3.2-1b")
+    assert engine_default("gpu", "NVIDIA H200", h200, sheared) == store.builtin_config("NVIDIA H200", sheared)
+    assert engine_default("gpu", "NVIDIA H200", h200, llama) == sm90_default(llama)
+    assert engine_default("gpu", "NVIDIA A100", NS(vendor="nvidia", arch="sm_80"), llama) == EngineConfig()
+    assert engine_default("sim", "NVIDIA H200", h200, sheared) == EngineConfig()

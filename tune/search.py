@@ -631,21 +631,29 @@ def precompile(model_spec: str, configs, processes: int | None = None, timeout: 
             pool.close()
 
 
+def engine_default(backend: str, device_name: str, device, model):
+    """What the engine runs on this device when no tuned config is stored (the search's baseline trial):
+    on a GPU with the weight ring, kog's own measured config for this GPU and shape
+    (kog.tune.store.builtin_config), else the sm_90 rule (engine_config.sm90_default); elsewhere
+    EngineConfig()."""
+    from kog.engine.engine_config import EngineConfig, sm90_default
+    from kog.tune.space import ring_capable
+    from kog.tune.store import builtin_config
+    if backend == "gpu" and ring_capable(device):
+        return builtin_config(device_name, model) or sm90_default(model)
+    return EngineConfig()
+
+
 def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     """`n` distinct valid configs (the engine default first, then random ones): queued before the sampler
     takes over, and compiled ahead in parallel."""
     import optuna
-    from kog.engine.engine_config import EngineConfig
     from kog.tune.space import Infeasible, check, check_tp, residency_fn, tp_from_params
     space = s.space()
     maxc = residency_fn(s.backend)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    d = EngineConfig()
-    from kog.engine.engine_config import sm90_default
-    from kog.tune.space import ring_capable
-    if s.backend == "gpu" and ring_capable(s.device):
-        d = sm90_default(s.model)             # what the engine runs here when nothing is stored
+    d = engine_default(s.backend, s.device_name, s.device, s.model)
     try:
         check(d, s.model, s.sms, maxc)
         p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin",)}

@@ -121,9 +121,14 @@ def entries() -> list[dict[str, Any]]:
 
 def cli_show(args) -> int:
     es = entries()
+    builtin = list(_load(BUILTIN)["entries"].values())
     if getattr(args, "json", False):
-        print(json.dumps({"store": str(store_path()), "entries": es}, indent=1))
+        print(json.dumps({"store": str(store_path()), "entries": es, "builtin": builtin}, indent=1))
         return 0
+    for e in builtin:     # kog's own measured defaults: what the engine runs where the store has nothing
+        cfg = " ".join(f"{k}={v}" for k, v in e.get("config", {}).items() if k != "max_spin")
+        print(f"built in ({BUILTIN.name}): {e.get('device')} {e.get('model')} ({e.get('shape')}) "
+              f"{e.get('tok_per_s', 0):.1f} tok/s: {cfg}")
     if not es:
         print(f"no tuned configs stored ({store_path()}); run `kogtune search`")
         return 0
