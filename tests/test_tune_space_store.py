@@ -96,6 +96,10 @@ def test_weight_ring_is_a_parameter_only_where_the_ring_runs():
         seen.add(sp.suggest(t).weight_ring)
         study.tell(t, 1.0)
     assert seen == set(WEIGHT_RING_CHOICES)
+    # attn_tile only where the ring runs, and only asked for splits wider than the tile
+    assert build_space(m).attn_tile == (0,) and sp.attn_tile == (0, 32)
+    for t in study.trials:
+        assert ("attn_tile" in t.params) == (t.params["attn_block"] > 32)
     with pytest.raises(Infeasible, match="weight_ring"):
         check_tp(EngineConfig(weight_ring=3), m, 2, 64, 8, 132)
 

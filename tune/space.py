@@ -56,6 +56,7 @@ class Space:
                                                  # shared memory, with the ring: build_space)
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
     weight_ring: tuple[int, ...] = (0,)          # build_space(ring=True): WEIGHT_RING_CHOICES
+    attn_tile: tuple[int, ...] = (0,)            # build_space(ring=True): (0, 32), asked only for wider splits
     tp_degrees: tuple[int, ...] = (1,)           # > 1 entry: "tp_degree" is a parameter (module docstring)
     exchange_rows: tuple[int, ...] = EXCHANGE_ROWS_CHOICES
 
@@ -74,6 +75,9 @@ class Space:
         kw["row_prefetch"] = trial.suggest_categorical("row_prefetch", list(self.row_prefetch))
         kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
         kw["attn_block"] = trial.suggest_categorical("attn_block", list(self.attn_block))
+        if len(self.attn_tile) > 1 and kw["attn_block"] > max(t for t in self.attn_tile):
+            # define-by-run: a split wider than the tile may walk it in tiles (the ring keeps its slots)
+            kw["attn_tile"] = trial.suggest_categorical("attn_tile", list(self.attn_tile))
         if len(self.weight_ring) > 1:     # a single choice (a device without the ring) samples nothing
             kw["weight_ring"] = trial.suggest_categorical("weight_ring", list(self.weight_ring))
         else:
@@ -110,8 +114,9 @@ def build_space(model: ModelConfig, has_scan: bool = True, ring: bool = False) -
     bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0) or (1,) for ph in PHASES}
     maps = MAPPINGS if has_scan else tuple(m for m in MAPPINGS if m != "topology")
     # row_prefetch 2 (task rows through shared memory) runs only with the ring
+    # attn_tile: attention splits walked in tiles, so wide splits keep the ring's slots (EngineConfig.attn_tile)
     return Space(mappings=maps, bn=bn, weight_ring=WEIGHT_RING_CHOICES if ring else (0,),
-                 row_prefetch=(0, 1, 2) if ring else (0, 1))
+                 row_prefetch=(0, 1, 2) if ring else (0, 1), attn_tile=(0, 32) if ring else (0,))
 
 
 def resolve_model_config(spec: str) -> ModelConfig:
