@@ -28,7 +28,10 @@ def test_two_workers_share_one_study(tmp_path, monkeypatch, capsys):
     nums = sorted(t.number for t in ts)
     assert nums == list(range(len(ts)))                                 # contiguous: nothing lost
     assert len({t._trial_id for t in ts}) == len(ts)                   # no duplicate rows
-    assert n <= len(ts) <= n + 1                                        # at most one overshoot per extra worker
+    from kog.tune.search import REFUSED_FREE, finished_count, is_refused
+    counted = finished_count(st, n)                                     # refused configs do not count
+    assert n <= counted <= n + 1                                        # at most one overshoot per extra worker
+    assert len(ts) == counted + min(sum(is_refused(t) for t in ts), REFUSED_FREE * n)
     assert not [t for t in ts if t.state == optuna.trial.TrialState.RUNNING]
     workers = {t.user_attrs.get("worker") for t in ts if "worker" in t.user_attrs}
     assert len(workers) == 2, workers                                   # both processes ran trials

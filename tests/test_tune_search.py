@@ -34,7 +34,9 @@ def test_search_stores_best_and_resumes(env, capsys):
     first = {t.number: t.params for t in _study(env).trials}
     assert main(["search", "--backend", "sim", "--trials", "6", "--runs-dir", str(env / "runs")]) == 0
     st = _study(env)
-    assert len(st.trials) == 6
+    from kog.tune.search import finished_count, is_refused
+    # refused configs (no launch) do not count toward --trials
+    assert finished_count(st, 6) == 6 and len(st.trials) == 6 + min(sum(is_refused(t) for t in st.trials), 12)
     assert all(st.trials[n].params == p for n, p in first.items())      # nothing lost
     assert json.loads((env / "tuned" / "tuned.json").read_text())["entries"]
 
@@ -153,8 +155,10 @@ def test_search_compiles_ahead_in_warm_workers(env):
                            target="kog.tune._fakes:sim_if_compiled", payload_extra={"log": str(log)},
                            ahead=3, compile_processes=2, compile_target="kog.tune._fakes:record_compile")
     assert cli_search(a) == 0
+    from kog.tune.search import finished_count, is_refused
     ts = _study(env, "ahead").trials
-    assert len(ts) == 10 and not [t for t in ts if t.state == optuna.trial.TrialState.RUNNING]
+    assert finished_count(_study(env, "ahead"), 10) == 10 and len(ts) == 10 + min(sum(is_refused(t) for t in ts), 20)
+    assert not [t for t in ts if t.state == optuna.trial.TrialState.RUNNING]
     assert not [t for t in ts if t.state == optuna.trial.TrialState.FAIL], [t.user_attrs for t in ts]
     measured = [t for t in ts if "wall_s" in t.user_attrs]
     assert len(measured) >= 5
@@ -269,3 +273,31 @@ def test_compile_processes_bounded_by_gpu_memory(monkeypatch):
     monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: 2 * w)
     assert search.default_compile_processes(m) == 1
     assert search.default_compile_processes() == 14      # no model: cores only
+
+
+def test_refused_configs_do_not_count_but_a_search_of_refusals_ends(env):
+    """A config the constraints refuse costs no launch: it does not count toward --trials, up to REFUSED_FREE
+    per trial asked for; past that they count, so a search whose space is all refusals still ends."""
+    import optuna
+    from kog.tune.search import REFUSED_FREE, finished_count, is_refused
+    st = optuna.create_study(direction="maximize")
+    dist = optuna.distributions.FloatDistribution(0, 1)
+    def add(state, reason=None, value=None):
+        st.add_trial(optuna.trial.create_trial(state=state, value=value, params={"x": 0.5}, distributions={"x": dist},
+                                               user_attrs={"fail_reason": reason} if reason else {}))
+    add(optuna.trial.TrialState.COMPLETE, value=1.0)
+    add(optuna.trial.TrialState.PRUNED, "slowest quarter after the short run")
+    for _ in range(3):
+        add(optuna.trial.TrialState.PRUNED, "invalid: engine config: weight_ring 4 does not fit")
+    assert sum(is_refused(t) for t in st.trials) == 3
+    assert finished_count(st) == 5                      # without a total: every finished trial
+    assert finished_count(st, 10) == 2                  # the 3 refusals are free
+    assert finished_count(st, 1) == 5 - REFUSED_FREE    # only REFUSED_FREE x 1 of them are
+    a = argparse.Namespace(model="llama-3.2-1b", trials=5, study="refusals", storage=None, sampler="random",
+                           backend="sim", workers=1, timeout=30.0, runs_dir=str(env / "runs"), json=True, seed=5,
+                           target=None)
+    from kog.tune.search import cli_search
+    assert cli_search(a) == 0
+    ts = _study(env, "refusals").trials
+    assert finished_count(_study(env, "refusals"), 5) == 5
+    assert len(ts) == 5 + min(sum(is_refused(t) for t in ts), REFUSED_FREE * 5)

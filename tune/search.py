@@ -2,7 +2,7 @@
 
 Storage: an Optuna storage URL. Default `sqlite:///<runs dir>/kog-studies.db` (one stable file, so running
 `kogtune search` again finds the study and resumes: --trials is the study's total, completed trials are
-kept). A RUNNING trial left by a dead search process is marked FAILED (with 'fail_reason') and its config
+kept; configs the constraints refuse before any launch do not count toward it, up to REFUSED_FREE per trial). A RUNNING trial left by a dead search process is marked FAILED (with 'fail_reason') and its config
 re-queued once: at start-up for processes of this host whose pid is gone, and through Optuna's heartbeat
 (grace period) for other hosts. Several hosts share one study through PostgreSQL
 (`--storage postgresql://...`). --workers N runs N worker processes (worker i sees GPU i only).
@@ -330,8 +330,36 @@ def _counted_states():
     return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
-def finished_count(study) -> int:
-    return len(study.get_trials(deepcopy=False, states=_counted_states()))
+REFUSED_FREE = 2    # refused configs that do not count toward --trials, per trial asked for
+
+
+def is_refused(t) -> bool:
+    """A trial whose config the constraints refused before any launch (kog.tune.objective: fail_reason
+    "invalid: ..."): it cost no GPU time."""
+    from optuna.trial import TrialState
+    return t.state == TrialState.PRUNED and str(t.user_attrs.get("fail_reason", "")).startswith("invalid:")
+
+
+def finished_count(study, total: int | None = None) -> int:
+    """Finished trials that count toward a search of `total` trials: refused configs (is_refused; a third of
+    the 60 trials of the H200 search at f050f11, where the ring's slots are in the space) do not, up to
+    REFUSED_FREE x total of them, so a space of nothing but refusals still ends. Without total: every
+    finished trial."""
+    ts = study.get_trials(deepcopy=False, states=_counted_states())
+    if not total:
+        return len(ts)
+    return len(ts) - min(sum(1 for t in ts if is_refused(t)), REFUSED_FREE * total)
+
+
+class _StopWhenCounted:
+    """Optuna callback: stop once the study counts `total` trials (finished_count), whichever worker ran them."""
+
+    def __init__(self, total: int):
+        self.total = total
+
+    def __call__(self, study, trial) -> None:
+        if finished_count(study, self.total) >= self.total:
+            study.stop()
 
 
 class _Tagged:
@@ -366,14 +394,13 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
     (optimize_ahead); ahead 0 is Optuna's plain one-trial-at-a-time optimize(). Past `deadline`
     (time.time(); optimize_ahead only) no new trial is asked: the search ends with fewer trials."""
     import optuna
-    from optuna.study import MaxTrialsCallback
     from kog.tune.isolation import WarmWorker, WorkerPool
     from kog.tune.objective import COMPILE_TARGET, Objective, TrialContext, TrialFailed
     from kog.tune.space import build_space
     storage = open_storage(s.storage_url)
     wseed = None if seed is None else seed + worker_index
     study = open_study(s, storage, make_sampler(sampler_name, wseed), make_pruner())
-    left = total_trials - finished_count(study)
+    left = total_trials - finished_count(study, total_trials)
     if left <= 0:
         return
     env = {"CUDA_VISIBLE_DEVICES": str(worker_index)} if gpu_env else None
@@ -397,8 +424,9 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
                 if pool is not None:
                     pool.close()
         else:
-            study.optimize(_Tagged(Objective(ctx)), n_trials=left, catch=(TrialFailed,),
-                           callbacks=[MaxTrialsCallback(total_trials, states=_counted_states())],
+            # refused configs do not count: at most left + REFUSED_FREE x total asks, stopped when counted
+            study.optimize(_Tagged(Objective(ctx)), n_trials=left + REFUSED_FREE * total_trials,
+                           catch=(TrialFailed,), callbacks=[_StopWhenCounted(total_trials)],
                            gc_after_trial=False, show_progress_bar=False)
     finally:
         runner.close()
@@ -487,7 +515,7 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
     def ask_batch() -> list[tuple[Any, dict[str, Any]]]:
         if deadline is not None and time.time() >= deadline:
             return []
-        n = min(ahead, total - finished_count(study) - _running_count(study))
+        n = min(ahead, total - finished_count(study, total) - _running_count(study))
         batch = []
         for _ in range(max(0, n)):
             t = study.ask()
@@ -553,7 +581,7 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
             if past_deadline():
                 break
             batch, futs = nxt, nfuts
-            if not batch and finished_count(study) < total and _running_count(study) == 0:
+            if not batch and finished_count(study, total) < total and _running_count(study) == 0:
                 batch = ask_batch()           # trials retried by a heartbeat (re-queued) may remain
                 futs = compile_batch(batch)
     finally:
@@ -759,13 +787,13 @@ def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console, ah
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), console=console, disable=not console.is_terminal) as prog:
-        task = prog.add_task(_best_text(study), total=args.trials, completed=finished_count(study))
+        task = prog.add_task(_best_text(study), total=args.trials, completed=finished_count(study, args.trials))
         import threading
         stop = threading.Event()
 
         def poll():
             while not stop.wait(0.5):
-                prog.update(task, completed=finished_count(study), description=_best_text(study))
+                prog.update(task, completed=finished_count(study, args.trials), description=_best_text(study))
 
         th = threading.Thread(target=poll, daemon=True)
         th.start()
@@ -775,7 +803,7 @@ def _run_with_progress(s, args, study, seed, gpu_env, target, extra, console, ah
         finally:
             stop.set()
             th.join()
-            prog.update(task, completed=finished_count(study), description=_best_text(study))
+            prog.update(task, completed=finished_count(study, args.trials), description=_best_text(study))
 
 
 def _progress_poll(study, total, procs, console) -> None:
@@ -784,9 +812,9 @@ def _progress_poll(study, total, procs, console) -> None:
                   TextColumn("{task.description}"), console=console, disable=not console.is_terminal) as prog:
         task = prog.add_task(_best_text(study), total=total)
         while any(p.is_alive() for p in procs):
-            prog.update(task, completed=finished_count(study), description=_best_text(study))
+            prog.update(task, completed=finished_count(study, total), description=_best_text(study))
             time.sleep(0.5)
-        prog.update(task, completed=finished_count(study), description=_best_text(study))
+        prog.update(task, completed=finished_count(study, total), description=_best_text(study))
 
 
 def summarize(study) -> dict[str, Any]:
@@ -799,6 +827,7 @@ def summarize(study) -> dict[str, Any]:
             k = t.user_attrs.get("fail_kind") or t.user_attrs["fail_reason"].split(":")[0]
             fails[k] = fails.get(k, 0) + 1
     out: dict[str, Any] = {"study": study.study_name, "trials": len(ts),
+                           "refused": sum(1 for t in ts if is_refused(t)),
                            "states": {k: v for k, v in states.items() if v}, "fail_kinds": fails,
                            "attrs": study.user_attrs}
     try:
