@@ -601,11 +601,11 @@ class KogSystem:
 
 def platform_default(cfg: ModelConfig, device=None, span: int | None = None) -> EngineConfig:
     """The built-in config for this GPU: on NVIDIA sm_90+ (cp.async.bulk) engine_config.sm90_default (the
-    weight ring with 3 slots, or 2 where shared memory needs it, the next task's row loaded during the current
-    one, 64 positions per attention split, 4-row gate_up tiles where one chunk spans the hidden size;
+    weight ring with 3 slots, or 2 where shared memory needs it, the task rows in blocks through shared
+    memory, 64 positions per attention split, 4-row gate_up tiles where one chunk spans the hidden size;
     bench/h200/ENGINE_NOTES.md: 1,024 vs 920 tok/s for the ring in one run on the H200, llama-3.2-1b; session
     7's same-run pairs: 1,146.9 vs 1,107.5 for 4- vs 8-row gate_up, 1,200.0 vs 1,149.6 with vs without the
-    normed-input cache), elsewhere (the interpreter, AMD, older NVIDIA) EngineConfig() as it is."""
+    normed-input cache; session 9: 1,265.3 vs 1,228.5 for the rows through shared memory), elsewhere (the interpreter, AMD, older NVIDIA) EngineConfig() as it is."""
     try:
         import torch as _t
         if (_t.cuda.is_available() and not getattr(_t.version, "hip", None)
