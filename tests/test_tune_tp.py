@@ -55,8 +55,9 @@ def test_sim_search_over_tp_degrees(env, capsys):
         assert "tp_degree" not in config_from_params(t.params).to_dict()
         if t.state == optuna.trial.TrialState.COMPLETE and g > 1 and "reused_from" not in t.user_attrs:
             assert t.user_attrs["breakdown"]["exchange"] > 0
-        if t.state == optuna.trial.TrialState.PRUNED:
-            assert t.user_attrs["fail_reason"].startswith("invalid:")
+        if t.state == optuna.trial.TrialState.PRUNED:   # refused before any launch, or slow after the short run
+            r = t.user_attrs["fail_reason"]
+            assert r.startswith("invalid:") or r.startswith("pruned after step"), r
     # grid-mode TP trials never launch: pruned with the reason
     grid_tp = [t for t in st.trials if t.params["tp_degree"] > 1 and t.params["mode"] == "grid"]
     assert grid_tp
