@@ -90,6 +90,10 @@ class EngineConfig:
             blk *= 2
         return (self if blk == self.attn_block else self.replace(attn_block=blk)), -(-span // blk)
 
+    def attn_dot_tile(self) -> int:
+        """Cache positions per tl.dot tile of the attention (the kernel's BT): attn_tile, else attn_block."""
+        return self.attn_tile or self.attn_block
+
     def compile_key(self) -> tuple:
         """Fields that are constexpr in the kernel. Configs with equal keys share one compiled kernel only if they
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
@@ -154,7 +158,7 @@ class EngineConfig:
             # checks the exact figure after compiling
             from kog.engine.ring import phase_bn, ring_bytes
             per_cta = (ring_bytes(self.weight_ring, block_k=self.block_k, bn=phase_bn(self))
-                       + (self.attn_tile or self.attn_block) * model.head_dim * 2 + 9 * 1024)
+                       + self.attn_dot_tile() * model.head_dim * 2 + 9 * 1024)
             need(per_cta * self.ctas_per_sm <= 228 * 1024,
                  f"weight_ring {self.weight_ring} does not fit: {self.ctas_per_sm} CTAs/SM x ~{per_cta // 1024} KiB "
                  f"of shared memory each exceed the 228 KiB of an sm_90 SM")

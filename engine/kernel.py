@@ -813,17 +813,13 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
         m_i = _rnd(tl.sum(q * k[None, :], axis=1), DT) * sm_scale
         l_i = tl.full([GP], 1.0, tl.float32)
         acc = tl.zeros([GP, HD], dtype=tl.float32) + v[None, :]
-    if SPAN == BT:
-        if p0 < pos:
-            m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
-    else:
-        if p0 < pos:
-            m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
-        for t0 in range(BT, SPAN, BT):
-            # later tiles load in turn (loading the next during the current one spilled: 255 registers)
-            if p0 + t0 < pos:
-                kb, vb = _cache_block(kbase, vbase, p0 + t0, pos, HD, BT)
-                m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
+    if p0 < pos:
+        m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+    for t0 in range(BT, SPAN, BT):      # attn_tile: the split's later tiles (none when SPAN == BT)
+        # loaded in turn (loading the next during the current one spilled: 255 registers)
+        if p0 + t0 < pos:
+            kb, vb = _cache_block(kbase, vbase, p0 + t0, pos, HD, BT)
+            m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
     base = part_ptr + (g * S + split) * GP * (HD + 2)
     tl.store(base + gq[:, None] * HD + d[None, :], acc)
     tl.store(base + GP * HD + gq, m_i)
@@ -1350,7 +1346,7 @@ def monokernel(
                         tr += 1
                 if ROWSM:
                     if blk0:
-                        rows_store(rbase, grow_ptr, cta, ((ti - t_lo) // ROW_BLOCK + 1) % 2, nxt, VENDOR)
+                        rows_store(rbase, grow_ptr, cta, (j // ROW_BLOCK + 1) % 2, nxt, VENDOR)
             _flush(cnt_ptr, pend_idx, pend_n)
             # this CTA is done with the token: publish its best candidate; the last CTA to finish samples
             tl.store(partial_v_ptr + cta, best_v)

@@ -350,7 +350,7 @@ class Monokernel:
                     SP=_next_pow2(self.attn_splits),
                     HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                     BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
-                    BK=e.block_k, BT=e.attn_tile or e.attn_block, GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
+                    BK=e.block_k, BT=e.attn_dot_tile(), GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
                     SAMPLE=mode, TRACE=bool(trace),
                     VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                     PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),

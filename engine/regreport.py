@@ -118,7 +118,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 SP=_next_pow2(attn_splits),
                 HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                 BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
-                BK=e.block_k, BT=e.attn_tile or e.attn_block, GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
+                BK=e.block_k, BT=e.attn_dot_tile(), GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
                 SAMPLE=mode, TRACE=bool(trace),
                 VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
                 PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),

@@ -75,7 +75,7 @@ class Space:
         kw["row_prefetch"] = trial.suggest_categorical("row_prefetch", list(self.row_prefetch))
         kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
         kw["attn_block"] = trial.suggest_categorical("attn_block", list(self.attn_block))
-        if len(self.attn_tile) > 1 and kw["attn_block"] > max(t for t in self.attn_tile):
+        if len(self.attn_tile) > 1 and kw["attn_block"] > max(self.attn_tile):
             # define-by-run: a split wider than the tile may walk it in tiles (the ring keeps its slots)
             kw["attn_tile"] = trial.suggest_categorical("attn_tile", list(self.attn_tile))
         if len(self.weight_ring) > 1:     # a single choice (a device without the ring) samples nothing

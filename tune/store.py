@@ -119,6 +119,11 @@ def entries() -> list[dict[str, Any]]:
     return list(_load(store_path())["entries"].values())
 
 
+def _short(cfg: dict[str, Any]) -> str:
+    """An EngineConfig dict as key=value words (max_spin left out), as `kogtune show` prints it."""
+    return " ".join(f"{k}={v}" for k, v in cfg.items() if k != "max_spin")
+
+
 def cli_show(args) -> int:
     es = entries()
     builtin = list(_load(BUILTIN)["entries"].values())
@@ -126,9 +131,8 @@ def cli_show(args) -> int:
         print(json.dumps({"store": str(store_path()), "entries": es, "builtin": builtin}, indent=1))
         return 0
     for e in builtin:     # kog's own measured defaults: what the engine runs where the store has nothing
-        cfg = " ".join(f"{k}={v}" for k, v in e.get("config", {}).items() if k != "max_spin")
         print(f"built in ({BUILTIN.name}): {e.get('device')} {e.get('model')} ({e.get('shape')}) "
-              f"{e.get('tok_per_s', 0):.1f} tok/s: {cfg}")
+              f"{e.get('tok_per_s', 0):.1f} tok/s: {_short(e.get('config', {}))}")
     if not es:
         print(f"no tuned configs stored ({store_path()}); run `kogtune search`")
         return 0
@@ -138,11 +142,9 @@ def cli_show(args) -> int:
     for c in ("device", "model", "dtype", "kog", "tok/s", "backend", "config"):
         t.add_column(c)
     for e in es:
-        cfg = e.get("config", {})
-        short = " ".join(f"{k}={v}" for k, v in cfg.items() if k != "max_spin")
         t.add_row(e.get("device", "?"), f"{e.get('model')} ({e.get('shape')})", e.get("dtype", "?"),
                   e.get("kog_version", "?"), f"{e.get('tok_per_s', 0):.1f}", e.get("source", {}).get("backend", "?"),
-                  short)
+                  _short(e.get("config", {})))
     con = Console(width=200)
     con.print(t)
     for e in es:
