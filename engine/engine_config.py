@@ -45,6 +45,7 @@ class EngineConfig:
     prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off;
                                       # with weight_ring: the chunk this many beyond each ring copy)
     blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
+                                      # (with weight_ring: the N chunks beyond the ring's requests)
     row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs;
                                       # 2 (with weight_ring): rows in blocks through shared memory (ring.rows_*)
     pipeline_stages: int = 0          # > 1: each CTA runs consecutive same-phase GEMV tasks as one loop Triton
@@ -144,8 +145,7 @@ class EngineConfig:
                  f"({model.intermediate_size}), as tensor parallelism over {g} GPUs does")
         need(0 <= self.weight_ring <= 16, f"weight_ring {self.weight_ring} not in 0..16")
         if self.weight_ring:
-            need(self.pipeline_stages == 0 and self.blocked_prefetch == 0,
-                 "weight_ring runs without pipeline_stages and blocked_prefetch (the ring replaces them)")
+            need(self.pipeline_stages == 0, "weight_ring runs without pipeline_stages (the ring replaces it)")
             need(self.tp_compat == 1, "weight_ring runs with tp_compat 1")
             need(self.block_k >= 128, f"weight_ring needs block_k >= 128 (chunks start 128-byte aligned; got "
                  f"{self.block_k})")

@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from kog.engine.abort import record_abort
-from kog.engine.ring import (ROW_BLOCK, ring_drain, ring_fill, ring_init, ring_tile, ring_wait, row_read, rows_load,
-                             rows_store)
+from kog.engine.ring import (ROW_BLOCK, ring_drain, ring_fill, ring_init, ring_prefetch_ahead, ring_tile, ring_wait,
+                             row_read, rows_load, rows_store)
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
 from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
                                wait_counters)
@@ -144,6 +144,17 @@ def _wait_rows(cnt_ptr, tgt_ptr, base, R, r0, r1, t1, rb, rm, sync_ptr, err_ptr,
             if c == rm + 1:
                 rm = c
     return rb, rm
+
+
+@triton.jit
+def _not_ready(cnt_ptr, tgt_ptr, base, R, r1, t1, rb, rm):
+    """Whether rows up to r1 of a buffer are not known ready for token t1-1: the (rb, rm) wait cache does not
+    cover them and their last counter is short (one poll; a hint for what to do before the real wait)."""
+    c1 = (r1 - 1) // R
+    short = False
+    if (base != rb) | (c1 > rm):
+        short = tl.load(cnt_ptr + base + c1, volatile=True) < tl.load(tgt_ptr + base + c1) * t1
+    return short
 
 
 @triton.jit
@@ -375,7 +386,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
                WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
                TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False,
-               PF: tl.constexpr = 0, xc_l=None, xc_h=None, xc_key=None, xkey=None):
+               PF: tl.constexpr = 0, xc_l=None, xc_h=None, xc_key=None, xkey=None, PFB: tl.constexpr = 0):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
@@ -395,6 +406,9 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
         ne = tl.minimum(BKC, K - k0)
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF)
         if WAIT:
+            if PFB > 0:    # blocked on the input: HBM streams the PFB chunks beyond the ring meanwhile
+                if _not_ready(cnt_ptr, tgt_ptr, cbase, R, k0 + ne, t1, rb, rm):
+                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
         if NORM and K <= BKC:
@@ -1068,7 +1082,10 @@ def monokernel(
         if stop == 0:
             if PFB > 0:
                 if tl.load(sync_ptr + S_TOK, volatile=True) < step:   # blocked on the sampled token
-                    _prefetch_tasks(w_ptr, tasks_ptr, t_lo, tl.minimum(t_lo + PFB, t_hi), I * H, VENDOR)
+                    if RING > 0:
+                        ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
+                    else:
+                        _prefetch_tasks(w_ptr, tasks_ptr, t_lo, tl.minimum(t_lo + PFB, t_hi), I * H, VENDOR)
             _spin_until(sync_ptr + S_TOK, step, sync_ptr, err_ptr, max_spin, -1, -1, VENDOR)
             stop = tl.load(sync_ptr + S_STOP, volatile=True)
         if stop == 0:
@@ -1163,7 +1180,7 @@ def monokernel(
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BKC_QKV, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1192,6 +1209,8 @@ def monokernel(
                         if TAGQKV:   # qkv as token-tagged words: the wait polls them
                             qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
                             if WAIT:
+                                if (PFB > 0) & (RING > 0):   # the attention hop streams no weights: ask the L2
+                                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
                                 _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS)
                         else:
                             qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
@@ -1232,7 +1251,7 @@ def monokernel(
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BKC_O, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, xtok)
+                            xc_l, xc_h, xc_key, xtok, PFB)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1254,7 +1273,7 @@ def monokernel(
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BKC_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok, PFB)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1275,7 +1294,7 @@ def monokernel(
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BKC_DOWN, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, xtok)
+                            xc_l, xc_h, xc_key, xtok, PFB)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1297,7 +1316,7 @@ def monokernel(
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BKC_LM, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,
@@ -1336,7 +1355,11 @@ def monokernel(
                         nb = step * bar_per_tok + tl.load(trow + 3) + 1
                     if PFB > 0:
                         if tl.load(sync_ptr + S_BAR, volatile=True) < nb * nprog:
-                            _prefetch_tasks(w_ptr, tasks_ptr, ti + 1, tl.minimum(ti + 1 + PFB, t_hi), I * H, VENDOR)
+                            if RING > 0:
+                                ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
+                            else:
+                                _prefetch_tasks(w_ptr, tasks_ptr, ti + 1, tl.minimum(ti + 1 + PFB, t_hi), I * H,
+                                                VENDOR)
                     _spin_until(sync_ptr + S_BAR, nb * nprog, sync_ptr, err_ptr, max_spin, -2, ti, VENDOR)
                     if TRACE:
                         waited = global_time_ns(VENDOR) - t_start

@@ -32,6 +32,10 @@ ATTN_COUNTER_PER_GROUP = False
 # (kernel._tag_store / _tag_wait): no release fence and counter on the qkv -> attention hop. False: the
 # counters, as before 2026-12-01 (bench/engine_check.py can set it per sweep entry: "_TAGGED_QKV")
 TAGGED_QKV = True
+# Plan for at most this many SMs (None: all): the grid then holds fewer CTAs than the GPU could run, so phases
+# whose tile counts divide the smaller grid end evenly (bench/engine_check.py sets it per sweep entry:
+# "_SMS_CAP"; the topology mapping always plans every SM of its scan)
+SMS_CAP: int | None = None
 # counter buffers per layer, in the order of the `layout` table
 BUF_QKV, BUF_ATTN, BUF_HMID, BUF_ACT, BUF_HOUT = range(5)
 N_BUF = 5
@@ -102,6 +106,8 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     head (each covers attn_block cache positions; the last to finish merges them).
     """
     ecfg.validate(model)
+    if SMS_CAP and ecfg.mapping != "topology":
+        sms = min(sms, SMS_CAP)
     if model.head_dim & (model.head_dim - 1):
         raise ConfigError(f"head_dim {model.head_dim} is not a power of two (the monokernel needs one)")
     grid = sms * ecfg.ctas_per_sm

@@ -326,6 +326,18 @@ def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS:
 
 
 @triton.jit
+def ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, N: tl.constexpr, SLOTB: tl.constexpr, VENDOR: tl.constexpr):
+    """L2-prefetch the N chunks beyond the ring's requests (pn .. pn + N - 1, up to the launch's last): called
+    while the CTA blocks on a dependency (EngineConfig.blocked_prefetch with the ring), so HBM keeps
+    streaming this CTA's next weights during an all-to-all hop, when the ring alone (its NS slots already
+    requested) has nothing more to ask for. Whole slots, as ring_fill's PF path prefetches them."""
+    SLOTE: tl.constexpr = SLOTB // 2
+    for j in tl.static_range(N):
+        if pn + j < pmax:
+            ring_prefetch_l2(w_ptr + (c_lo + (pn + j) % nch).to(tl.int64) * SLOTE, SLOTB, VENDOR)
+
+
+@triton.jit
 def ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS: tl.constexpr, VENDOR: tl.constexpr):
     """Wait until chunk cn has landed; an opaque 0 for the slot's reads. A copy that never lands (it cannot,
     short of a fault) is recorded as counter -4 and aborts the kernel instead of hanging it."""

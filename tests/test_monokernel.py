@@ -240,6 +240,16 @@ def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     assert got == ref and err < 1e-4
 
 
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_weight_ring_blocked_prefetch_matches_reference(mode):
+    """blocked_prefetch with the ring: a CTA blocked on an input, a grid barrier or the sampled token asks the
+    L2 for the chunks beyond its ring's requests (a hint: the interpreter skips the prefetch itself but runs
+    the readiness probe and the cursors around it); the tokens and logits are unchanged."""
+    e = SMALL_TILES.replace(mode=mode, weight_ring=2, block_k=128, row_prefetch=2, blocked_prefetch=2, **EQUAL_BN)
+    ref, got, err = run_both(RING_WHOLE, torch.float32, e, [5, 17, 33, 2, 9])
+    assert got == ref and err < 1e-4
+
+
 @pytest.mark.parametrize("mode, block, tile, prompt", [("targeted", 32, 16, list(range(5, 25))),
                                                        ("grid", 64, 16, list(range(3, 40)))])
 def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):
