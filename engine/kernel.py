@@ -356,10 +356,11 @@ def _gemv2(w_ptr, off_a, off_b, x_ptr, g_ptr, eps, cnt_ptr, tgt_ptr, cbase, R, t
 
 @triton.jit
 def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr,
-             DT: tl.constexpr):
+             DT: tl.constexpr, SSV: tl.constexpr = False):
     """x[k0 + 2j] and x[k0 + 2j + 1] (j < BKC / 2, columns >= ne read 0) to meet a ring chunk's word pairs,
     times the RMSNorm weight when NORM: normalized first, exactly as HF, when one chunk spans K (K <= BKC);
-    else x * g, and ss = this chunk's sum of squares (the caller scales the dot product, as _gemv)."""
+    else x * g, and ss = this chunk's sum of squares (the caller scales the dot product, as _gemv); SSV: ss
+    per pair, not reduced (the caller sums the steps' vectors and reduces once)."""
     rj = tl.arange(0, BKC // 2)
     ok = 2 * rj < ne
     xl = tl.load(x_ptr + k0 + 2 * rj, mask=ok, other=0.0)
@@ -374,10 +375,34 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
             xl = _rnd(_rnd(xl * r, DT) * gl, DT)
             xh = _rnd(_rnd(xh * r, DT) * gh, DT)
         else:
-            ss = tl.sum(xl * xl + xh * xh, axis=0)
+            if SSV:
+                ss = xl * xl + xh * xh
+            else:
+                ss = tl.sum(xl * xl + xh * xh, axis=0)
             xl = xl * gl
             xh = xh * gh
+    elif SSV:
+        ss = tl.zeros([BKC // 2], dtype=tl.float32)
     return xl, xh, ss
+
+
+@triton.jit
+def _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
+                waited, w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, K: tl.constexpr, BKC: tl.constexpr,
+                NORM: tl.constexpr, WAIT: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
+                TRACE: tl.constexpr, VENDOR: tl.constexpr, PFB: tl.constexpr, SSV: tl.constexpr):
+    """The input of the K step at k0 (nothing, all masked, when k0 >= K): wait for its rows' counters, then
+    load its x pairs (_x_pairs). Returns (xl, xh, s2, rb, rm, waited)."""
+    ne = tl.minimum(BKC, K - k0)
+    if WAIT:
+        if k0 < K:
+            if PFB > 0:    # blocked on the input: HBM streams the PFB chunks beyond the ring meanwhile
+                if _not_ready(cnt_ptr, tgt_ptr, cbase, R, k0 + ne, t1, rb, rm):
+                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
+            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
+                                         max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
+    xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT=w_ptr.dtype.element_ty, SSV=SSV)
+    return xl, xh, s2, rb, rm, waited
 
 
 @triton.jit
@@ -386,43 +411,65 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                K: tl.constexpr, BN: tl.constexpr, BKC: tl.constexpr, NORM: tl.constexpr, GU: tl.constexpr,
                WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
                TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False,
-               PF: tl.constexpr = 0, xc_l=None, xc_h=None, xc_key=None, xkey=None, PFB: tl.constexpr = 0):
+               PF: tl.constexpr = 0, xc_l=None, xc_h=None, xc_key=None, xkey=None, PFB: tl.constexpr = 0,
+               XRAW: tl.constexpr = False):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
     waited, rb, rm, cn, pn, xc_l, xc_h, xc_key).
 
-    When one chunk spans an RMS-normed input (NORM and K <= BKC: qkv, gate_up at its wide chunk, the LM
-    head), the normed x pairs are cached in registers (xc_l, xc_h) under xkey (the input buffer's offset and
-    the token): a CTA's next task of the phase reuses them instead of loading x and g again and reducing
-    x * x across the CTA (a CTA runs ~60 LM tasks a token on the same x)."""
+    When one chunk spans the input (K <= BKC) and it is RMS-normed (NORM: qkv, gate_up at its wide chunk,
+    the LM head) or XRAW (O, whose chunk is as wide as the cache), its x pairs (normed) are cached in
+    registers (xc_l, xc_h) under xkey (the input buffer's offset and the token): a CTA's next task of the
+    phase reuses them instead of loading x (and g) again from L2 and reducing x * x across the CTA (a CTA
+    runs ~60 LM tasks a token on the same x).
+
+    With several K steps (K > BKC: qkv at sheared-llama-2.7b's [32, 512] chunks), step k + 1's input is
+    waited for and loaded before step k's chunk wait and math, so its L2 latency is not paid between two
+    chunks (a 160 KB qkv task ran 12 us, ~30% under the stream rate of the cached-input phases, on the
+    H200); the normed input's sum of squares is kept per thread and reduced once, not once a step."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
+    MULTI: tl.constexpr = K > BKC
+    CACHED: tl.constexpr = (K <= BKC) and (NORM or XRAW)
     acc = tl.zeros([BN], dtype=tl.float32)
     acc2 = tl.zeros([BN], dtype=tl.float32)
     accg = tl.zeros([2 * BN], dtype=tl.float32)     # GU: gate rows then up rows, split after the K loop
-    ss = 0.0
+    ssv = tl.zeros([BKC // 2], dtype=tl.float32)
     waited = tl.zeros([], dtype=tl.int64)
+    if MULTI:    # step 0's input; each step then fetches the next one's (the copies are asked for first)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF)
+        xn_l, xn_h, sn, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, 0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
+                                                     sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr,
+                                                     t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT, SLOTB, UPO,
+                                                     TRACE, VENDOR, PFB, True)
     for k0 in range(0, K, BKC):
         ne = tl.minimum(BKC, K - k0)
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF)
-        if WAIT:
-            if PFB > 0:    # blocked on the input: HBM streams the PFB chunks beyond the ring meanwhile
-                if _not_ready(cnt_ptr, tgt_ptr, cbase, R, k0 + ne, t1, rb, rm):
-                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
-            rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
-                                         max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
-        if NORM and K <= BKC:
-            if xkey == xc_key:       # this token's normed input, as an earlier task of this CTA computed it
+        if MULTI:
+            xl = xn_l
+            xh = xn_h
+            ssv += sn
+            xn_l, xn_h, sn, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0 + BKC, cnt_ptr, tgt_ptr, cbase, R,
+                                                         t1, rb, rm, sync_ptr, err_ptr, max_spin, task, waited,
+                                                         w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, K, BKC, NORM,
+                                                         WAIT, SLOTB, UPO, TRACE, VENDOR, PFB, True)
+        elif CACHED:
+            if xkey == xc_key:       # this token's input, as an earlier task of this CTA loaded (and normed) it
                 xl = xc_l
                 xh = xc_h
             else:
-                xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
+                xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb,
+                                                         rm, sync_ptr, err_ptr, max_spin, task, waited, w_ptr,
+                                                         tasks_ptr, t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT,
+                                                         SLOTB, UPO, TRACE, VENDOR, PFB, False)
                 xc_l = xl
                 xc_h = xh
                 xc_key = xkey
         else:
-            xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT)
-            ss += s2
+            xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
+                                                     sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr,
+                                                     t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT, SLOTB, UPO,
+                                                     TRACE, VENDOR, PFB, False)
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
         if GU:   # the gate and up rows of the chunk as ONE [2 BN, BKC / 2] tile: one row reduction, not two
             lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, 2 * BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
@@ -434,8 +481,8 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
     if GU:
         acc, acc2 = tl.split(tl.trans(tl.reshape(accg, [2, BN])))
     if NORM:
-        if K > BKC:
-            r = 1.0 / tl.sqrt(ss / K + eps)
+        if MULTI:
+            r = 1.0 / tl.sqrt(tl.sum(ssv, axis=0) / K + eps)
             acc = acc * r
             acc2 = acc2 * r
     return acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key
@@ -1063,6 +1110,8 @@ def monokernel(
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, ring_sz_ptr, RING, SLOTB, RING_SIZES,
                        VENDOR, PF_DIST)
     ROWSM: tl.constexpr = (ROWPF == 2) and (RING > 0)
+    # O's input (the attention output) rides the ring's input cache when its one chunk is as wide as the cache
+    XRAW_O: tl.constexpr = (RING > 0) and (BKC_O == BKC_X) and (QS <= BKC_O)
     SPLIT: tl.constexpr = BS if BS > 0 else BT             # positions per attention split
     if ROWPF == 1:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
@@ -1251,7 +1300,7 @@ def monokernel(
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BKC_O, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, xtok, PFB)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 2) + xtok, PFB, XRAW_O)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),

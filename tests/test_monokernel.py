@@ -208,6 +208,9 @@ def test_flat_chunk_table():
 # K = 320 = 128 + 128 + 64 (a short last step: tight packing, per-chunk copy sizes)
 RING_WHOLE = TINY.replace(hidden_size=128, intermediate_size=256, head_dim=32)
 RING_SHORT = TINY.replace(intermediate_size=320)
+# K = 256 in 128-column chunks for every phase: RMS-normed inputs over two or more K steps (each step's input
+# loaded one step ahead, the sum of squares reduced once), with sync_rows 32 waits along K
+RING_MULTI = TINY.replace(hidden_size=256, intermediate_size=256, head_dim=64)
 
 
 EQUAL_BN = dict(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=16)
@@ -218,7 +221,8 @@ WIDE_GU = dict(EQUAL_BN, bn_gate_up=8)        # gate_up's 2 x 8 rows fill a slot
                                                           (RING_SHORT, "grid", 3, 2, WIDE_GU),
                                                           (RING_WHOLE, "targeted", 3, 1, WIDE_GU),
                                                           (RING_WHOLE, "targeted", 2, 2, EQUAL_BN),
-                                                          (RING_WHOLE, "grid", 2, 1, EQUAL_BN)])
+                                                          (RING_WHOLE, "grid", 2, 1, EQUAL_BN),
+                                                          (RING_MULTI, "targeted", 2, 2, EQUAL_BN)])
 def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     """weight_ring: every GEMV reads its weights from the CTA's ring of slots, filled ahead across tasks,
     phases, layers and tokens (interpreter: the ring emulated in global memory, same cursors). down has
@@ -235,6 +239,8 @@ def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     assert short == (cfg is RING_SHORT)
     assert chunk_shape(T_DOWN, **dims)[1] == 128
     assert chunk_shape(T_GU, **dims)[1] == (64 if bns is EQUAL_BN else min(128, cfg.hidden_size))
+    if cfg is RING_MULTI:
+        assert chunk_shape(T_QKV, **dims)[1] == 128 < cfg.hidden_size
     e = SMALL_TILES.replace(mode=mode, weight_ring=slots, block_k=128, row_prefetch=rowpf, prefetch=rowpf, **bns)
     ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
     assert got == ref and err < 1e-4
