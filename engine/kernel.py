@@ -1442,9 +1442,12 @@ def monokernel(
                 if tl.sum((eos == tok).to(tl.int32), axis=0) > 0:
                     tl.store(sync_ptr + S_STOP, 1)
                 tl.store(sync_ptr + S_NTOK, t1)
-                # the next token's input: h[0] = embedding row of tok
-                rh = tl.arange(0, BK)
-                for k0 in range(0, H, BK):
+                # the next token's input: h[0] = embedding row of tok, in 512-wide pieces whatever block_k is (a
+                # block_k-wide piece held 32 registers a thread at block_k 4096, live beside the input cache:
+                # sheared-llama-2.7b's other phases then spilled and slowed, H200)
+                EMB: tl.constexpr = 512
+                rh = tl.arange(0, EMB)
+                for k0 in range(0, H, EMB):
                     e = tl.load(embed_ptr + tl.cast(tok, tl.int64) * H + k0 + rh, mask=k0 + rh < H, other=0.0)
                     tl.store(act_ptr + k0 + rh, e.to(tl.float32), mask=k0 + rh < H)
                 tl.debug_barrier()
