@@ -57,6 +57,50 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
     return n
 
 
+def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: int, vendor: int, sample: int,
+                trace: bool, tag_qkv: bool, ptrs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of one monokernel launch: its constexprs (shapes, tiling, modes, the ring's slot
+    and chunk widths), the optional pointers (`ptrs`: chunks_ptr, ring_lo_ptr, gring_ptr, ring_sz_ptr,
+    rows4_ptr, grow_ptr, qkvt_ptr, each passed only where the config uses it, so kernel files that predate a
+    feature still launch), the register cap and the cooperative launch. One function for the launcher
+    (Monokernel._launch_args) and for kog.engine.regreport's compile without a GPU, so the two cannot drift."""
+    g = cfg.num_heads // cfg.num_kv_heads
+    meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
+                HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=max(16, _next_pow2(g)), GH=_next_pow2(g),
+                SP=_next_pow2(attn_splits),
+                HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
+                BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
+                BK=e.block_k, BT=e.attn_dot_tile(), GPOW=_next_pow2(grid), MODE=1 if e.mode == "targeted" else 0,
+                SAMPLE=sample, TRACE=bool(trace),
+                VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
+                PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
+                num_warps=e.num_warps)
+    if e.attn_tile:         # a split walks attn_block / attn_tile tiles (kernel: BS)
+        meta["BS"] = e.attn_block
+    if e.flat_loop:      # only then: the kernel's other callers (and older kernel files) never see them
+        meta.update(FLAT=True, chunks_ptr=ptrs["chunks_ptr"])
+    if e.tp_compat > 1:
+        meta.update(TPC=int(e.tp_compat))
+    if e.weight_ring:
+        from kog.engine.ring import kernel_chunk_cols, padded_fraction, phase_bn, slot_bytes
+        bn, H, I, QS = phase_bn(e), cfg.hidden_size, cfg.intermediate_size, cfg.q_size
+        meta.update(RING=int(e.weight_ring), SLOTB=slot_bytes(block_k=e.block_k, bn=bn),
+                    ring_lo_ptr=ptrs["ring_lo_ptr"], gring_ptr=ptrs["gring_ptr"],
+                    **kernel_chunk_cols(H=H, I=I, QS=QS, block_k=e.block_k, bn=bn))
+        if tag_qkv:
+            meta.update(TAGQKV=True, qkvt_ptr=ptrs["qkvt_ptr"])
+        if padded_fraction(H=H, I=I, QS=QS, block_k=e.block_k, bn=bn) > 0:
+            meta.update(RING_SIZES=True, ring_sz_ptr=ptrs["ring_sz_ptr"])
+        if e.row_prefetch == 2:
+            meta.update(rows4_ptr=ptrs["rows4_ptr"], grow_ptr=ptrs["grow_ptr"])
+    if vendor == 1:
+        # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
+        meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
+    if vendor != INTERPRET:
+        meta["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
+    return meta
+
+
 class Monokernel:
     EXACT_PREFILL = True        # prefill in float32 (see __init__); the TP ranks override it
 
@@ -335,7 +379,6 @@ class Monokernel:
         self.err.zero_()
         self.act[: cfg.hidden_size] = self.embed[first_token].float()
         mode = sample_mode(temperature, top_k, top_p)
-        g = cfg.num_heads // cfg.num_kv_heads
         window = getattr(cfg, "sliding_window", None) or 0
         args = (self.wbuf, self.woff, self.small, self.soff, self.embed, self.cos, self.sin, self.ref.cache,
                 self.act, self.aoff, logits, 1 if write_logits else 0, self.part, self.attn_splits, self.partial_v, self.partial_i, out, forced_t, self.eos, self.n_eos,
@@ -345,36 +388,12 @@ class Monokernel:
                 pos0, n, self.max_seq, int(window), int(self.fnorm_off), 1 if forced is not None else 0, int(seed),
                 1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
                 1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
-        meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
-                    HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=self.gp, GH=_next_pow2(g),
-                    SP=_next_pow2(self.attn_splits),
-                    HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
-                    BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
-                    BK=e.block_k, BT=e.attn_dot_tile(), GPOW=self.gpow, MODE=1 if e.mode == "targeted" else 0,
-                    SAMPLE=mode, TRACE=bool(trace),
-                    VENDOR=self.vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
-                    PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
-                    num_warps=e.num_warps)
-        if e.attn_tile:         # a split walks attn_block / attn_tile tiles (kernel: BS)
-            meta["BS"] = e.attn_block
-        if e.flat_loop:      # only then: the kernel's other callers (and older kernel files) never see them
-            meta.update(FLAT=True, chunks_ptr=self.chunks)
-        if e.tp_compat > 1:
-            meta.update(TPC=int(e.tp_compat))
-        if e.weight_ring:
-            meta.update(RING=int(e.weight_ring), SLOTB=int(self.slot_bytes), ring_lo_ptr=self.ring_lo,
-                        gring_ptr=self.gring, **self.ring_cols)
-            if self.tag_qkv:
-                meta.update(TAGQKV=True, qkvt_ptr=self.qkvt)
-            if self.ring_sizes:
-                meta.update(RING_SIZES=True, ring_sz_ptr=self.ring_sz)
-            if e.row_prefetch == 2:
-                meta.update(rows4_ptr=self.rows4, grow_ptr=self.grow)
-        if self.vendor == 1:
-            # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
-            meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
-        if self.vendor != INTERPRET:
-            meta["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
+        meta = kernel_meta(cfg, e, attn_splits=self.attn_splits, grid=p.grid, vendor=self.vendor, sample=mode,
+                           trace=trace, tag_qkv=self.tag_qkv,
+                           ptrs=dict(chunks_ptr=self.chunks, ring_lo_ptr=getattr(self, "ring_lo", None),
+                                     gring_ptr=getattr(self, "gring", None), ring_sz_ptr=getattr(self, "ring_sz", None),
+                                     rows4_ptr=getattr(self, "rows4", None), grow_ptr=getattr(self, "grow", None),
+                                     qkvt_ptr=self.qkvt))
         return out, logits, args, meta
 
     def _compile(self, args, meta) -> None:

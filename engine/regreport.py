@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kog.engine.config import ConfigError, ModelConfig
+from kog.engine.config import ModelConfig
 from kog.engine.engine_config import EngineConfig
 from kog.probe.errors import KogError, UsageError, cli_entry
 
@@ -50,10 +50,6 @@ MAX_CTAS_PER_SM = 32
 H200_SMS = 132
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 # ---- the launcher's signature, without weights ----------------------------------------------------------
 
 def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, vendor: int = 1,
@@ -67,12 +63,13 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     The defaults are the `kogtune bench` decode launch of KogSystem: 64-token prompt, 512 greedy tokens,
     max_seq = prompt + tokens + 1, EOS ignored (n_eos 0), not traced, no logits written. Integer values
     matter: Triton specializes an int equal to 1 into a constexpr and marks multiples of 16.
-    Keep in step with Monokernel._launch (tests/test_regreport.py compares the two on the tiny preset).
+    The keyword arguments come from the launcher's own kog.engine.monokernel.kernel_meta; the positional
+    ones mirror Monokernel._launch_args (tests/test_regreport.py compares the two on the tiny preset).
     """
     import torch
     from triton.runtime.jit import MockTensor
 
-    from kog.engine.monokernel import Monokernel
+    from kog.engine.monokernel import kernel_meta
     from kog.engine.plan import make_plan
     from kog.engine.sampling import sample_mode
 
@@ -87,9 +84,6 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
     e, attn_splits = e.attn_layout(span)
     p = make_plan(cfg, e, sms, None, attn_splits)
-    gpow = _next_pow2(p.grid)
-    g = cfg.num_heads // cfg.num_kv_heads
-    gp = max(16, _next_pow2(g))
     # Monokernel._pack: the small fp32 buffer's layout decides fnorm_off
     so = 64
     for _ in range(cfg.num_layers):
@@ -112,40 +106,12 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
             pos0, n, max_seq, int(window), int(fnorm_off), 1 if forced else 0, int(seed),
             1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
             1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
-    mode = sample_mode(temperature, top_k, top_p)
-    meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
-                HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=gp, GH=_next_pow2(g),
-                SP=_next_pow2(attn_splits),
-                HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
-                BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
-                BK=e.block_k, BT=e.attn_dot_tile(), GPOW=gpow, MODE=1 if e.mode == "targeted" else 0,
-                SAMPLE=mode, TRACE=bool(trace),
-                VENDOR=vendor, FILTER_ITERS=24, PF_DIST=int(e.prefetch),
-                PFB=int(e.blocked_prefetch), ROWPF=int(e.row_prefetch), PIPE=int(e.pipeline_stages),
-                num_warps=e.num_warps)
-    if e.attn_tile:         # a split walks attn_block / attn_tile tiles (kernel: BS)
-        meta["BS"] = e.attn_block
-    if e.flat_loop:
-        meta.update(FLAT=True, chunks_ptr=T(i32))
-    if e.tp_compat > 1:
-        meta.update(TPC=int(e.tp_compat))
-    if e.weight_ring:
-        from kog.engine.ring import kernel_chunk_cols, padded_fraction, phase_bn, slot_bytes
-        bn = phase_bn(e)
-        meta.update(RING=int(e.weight_ring), SLOTB=slot_bytes(block_k=e.block_k, bn=bn), ring_lo_ptr=T(i32),
-                    gring_ptr=T(dt), **kernel_chunk_cols(H=cfg.hidden_size, I=cfg.intermediate_size,
-                                                         QS=cfg.q_size, block_k=e.block_k, bn=bn))
-        if padded_fraction(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=e.block_k, bn=bn):
-            meta.update(RING_SIZES=True, ring_sz_ptr=T(i32))
-        if e.row_prefetch == 2:       # as Monokernel._ring_tables
-            meta.update(rows4_ptr=T(i32), grow_ptr=T(i32))
-        from kog.engine import plan as _plan
-        if _plan.TAGGED_QKV:          # as Monokernel.tag_qkv
-            meta.update(TAGQKV=True, qkvt_ptr=T(i64))
-    if vendor == 1:
-        meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
-    if vendor != 0:
-        meta["launch_cooperative_grid"] = True
+    from kog.engine import plan as _plan
+    ptrs = dict(chunks_ptr=T(i32), ring_lo_ptr=T(i32), gring_ptr=T(dt), ring_sz_ptr=T(i32), rows4_ptr=T(i32),
+                grow_ptr=T(i32), qkvt_ptr=T(i64))
+    meta = kernel_meta(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
+                       sample=sample_mode(temperature, top_k, top_p), trace=trace,
+                       tag_qkv=bool(e.weight_ring) and _plan.TAGGED_QKV, ptrs=ptrs)
     return args, meta
 
 

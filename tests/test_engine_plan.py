@@ -113,3 +113,17 @@ def test_lm_head_is_last_everywhere():
         lm = np.flatnonzero(t[:, 0] == T_LM)
         if len(lm):
             assert lm[0] == len(t) - len(lm)
+
+
+def test_sms_cap_plans_a_smaller_grid(monkeypatch):
+    """plan.SMS_CAP (a bench toggle): the plan deals every task over the capped grid only; the topology
+    mapping keeps every SM of its scan."""
+    import kog.engine.plan as plan_mod
+    cfg = PRESETS["tiny"]
+    e = EngineConfig(ctas_per_sm=2)
+    monkeypatch.setattr(plan_mod, "SMS_CAP", 3)
+    p = make_plan(cfg, e, sms=8)
+    assert p.grid == 6 and len(p.cta_start) == 7
+    check_plan(p, cfg, e)
+    topo = make_plan(cfg, e.replace(mapping="topology"), sms=4, sm_partition={s: s % 2 for s in range(4)})
+    assert topo.grid == 8
