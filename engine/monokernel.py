@@ -226,10 +226,10 @@ class Monokernel:
         i32 = dict(dtype=torch.int32, device=dev)
         self.dummy_base = p.n_counters
         self._chunks_np = None
-        from kog.engine import plan as _plan
+        from kog.engine.plan import tagged_qkv
         # qkv -> attention through token-tagged words (plan.TAGGED_QKV), on the ring's path; zeroed every
         # launch, so no tag of an earlier launch can pass for this one's
-        self.tag_qkv = bool(self.ecfg.weight_ring) and _plan.TAGGED_QKV
+        self.tag_qkv = tagged_qkv(self.ecfg)
         self.qkvt = torch.zeros(cfg.num_layers * cfg.qkv_size if self.tag_qkv else 1, dtype=torch.int64,
                                 device=dev)
         tasks = self._task_table()
@@ -259,7 +259,7 @@ class Monokernel:
         (they replace the task-order buffer: the ring path reads nothing else), each CTA's first chunk, and
         the interpreter's global-memory stand-in for the shared-memory slots."""
         from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
-        from kog.engine.ring import (kernel_chunk_cols, pack_ring_weights, padded_fraction, phase_bn, ring_bytes,
+        from kog.engine.ring import (pack_ring_weights, padded_fraction, phase_bn, ring_bytes,
                                      ring_chunk_bytes, ring_order, slot_bytes)
         e, cfg = self.ecfg, self.cfg
         self.ring_extra_smem = 0
@@ -284,7 +284,6 @@ class Monokernel:
                                     device=self.device)
         self.ring_lo = torch.tensor(lo.astype(np.int32), dtype=torch.int32, device=self.device)
         self.slot_bytes = slot_bytes(block_k=e.block_k, bn=bn)
-        self.ring_cols = kernel_chunk_cols(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_extra_smem = ring_bytes(e.weight_ring, block_k=e.block_k, bn=bn)
         n = self.plan.grid * e.weight_ring * self.slot_bytes // 2 if self.vendor == INTERPRET else 1
         self.gring = torch.zeros(n, dtype=self.wbuf.dtype, device=self.device)

@@ -32,6 +32,13 @@ ATTN_COUNTER_PER_GROUP = False
 # (kernel._tag_store / _tag_wait): no release fence and counter on the qkv -> attention hop. False: the
 # counters, as before 2026-12-01 (bench/engine_check.py can set it per sweep entry: "_TAGGED_QKV")
 TAGGED_QKV = True
+
+
+def tagged_qkv(ecfg: EngineConfig) -> bool:
+    """Whether qkv reaches attention as token-tagged words for this config (the ring's path, TAGGED_QKV): the
+    plan's attn_overlap ranks, the launcher's buffers and regreport's launch all ask here."""
+    return bool(ecfg.weight_ring) and TAGGED_QKV
+
 # Plan for at most this many SMs (None: all): the grid then holds fewer CTAs than the GPU could run, so phases
 # whose tile counts divide the smaller grid end evenly (bench/engine_check.py sets it per sweep entry:
 # "_SMS_CAP"; the topology mapping always plans every SM of its scan)
@@ -168,9 +175,7 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     overlap = bool(ecfg.attn_overlap) and ecfg.mode == "targeted"
     held: list[list[tuple[int, tuple[int, int, int, int]]]] = [[] for _ in range(grid)]   # (rank, task)
     R_default = ecfg.sync_rows or ecfg.block_k
-    # with the ring, qkv reaches attention as token-tagged words (kog.engine.monokernel: tag_qkv)
-    tagged = bool(ecfg.weight_ring) and TAGGED_QKV
-    qkv_rank = qkv_ranks(model, ecfg, None if tagged else R_default) if overlap else None
+    qkv_rank = qkv_ranks(model, ecfg, None if tagged_qkv(ecfg) else R_default) if overlap else None
     for ttype, layer, n in _phase_tasks(model, ecfg, attn_splits):
         if overlap and ttype in (T_QKV, T_ATTN):
             # attn_overlap: qkv tiles dealt KV group by group, then each CTA's qkv tiles and attention splits of

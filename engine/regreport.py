@@ -70,7 +70,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     from triton.runtime.jit import MockTensor
 
     from kog.engine.monokernel import kernel_meta
-    from kog.engine.plan import make_plan
+    from kog.engine.plan import make_plan, tagged_qkv
     from kog.engine.sampling import sample_mode
 
     e = ecfg
@@ -106,12 +106,11 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
             pos0, n, max_seq, int(window), int(fnorm_off), 1 if forced else 0, int(seed),
             1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
             1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
-    from kog.engine import plan as _plan
     ptrs = dict(chunks_ptr=T(i32), ring_lo_ptr=T(i32), gring_ptr=T(dt), ring_sz_ptr=T(i32), rows4_ptr=T(i32),
                 grow_ptr=T(i32), qkvt_ptr=T(i64))
     meta = kernel_meta(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
                        sample=sample_mode(temperature, top_k, top_p), trace=trace,
-                       tag_qkv=bool(e.weight_ring) and _plan.TAGGED_QKV, ptrs=ptrs)
+                       tag_qkv=tagged_qkv(e), ptrs=ptrs)
     return args, meta
 
 
