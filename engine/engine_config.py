@@ -2,7 +2,7 @@
 
 Compile-time knobs (constexpr: a change recompiles): sync mode, num_warps, block_k, rows per task per phase
 (bn_*), attention block, the two prefetch depths. Plain data (kernel inputs: no recompile): the task-to-CTA
-mapping, the wait granularity (rows per counter) and the task order (attn_overlap). ctas_per_sm changes the plan AND, on NVIDIA, the
+mapping and the wait granularity (rows per counter). ctas_per_sm changes the plan AND, on NVIDIA, the
 register cap (maxnreg) the launcher compiles with, so 2, 3 and 4 CTAs/SM are three kernels there.
 `compile_key()` lists the constexpr fields; kog.tune.search.kernel_key() adds the register cap.
 """
@@ -63,11 +63,6 @@ class EngineConfig:
     attn_tile: int = 0                # > 0: positions per tl.dot tile, a split walking attn_block / attn_tile of
                                       # them (Triton's shared memory holds one tile: the ring keeps its slots
                                       # at wider splits); 0: one tile of attn_block
-    attn_overlap: int = 0             # 1 (targeted): a layer's qkv tiles dealt KV group by group and each
-                                      # attention split placed in its CTA's list right after the qkv tiles
-                                      # of its group (kog.engine.plan._overlap_rank): attention runs while
-                                      # later groups' qkv stream (grid mode: ignored, its barriers order
-                                      # the phases). Plan data only (no recompile); unmeasured on a GPU
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
 
     def replace(self, **kw: Any) -> "EngineConfig":
@@ -172,9 +167,6 @@ class EngineConfig:
             need(pow2(self.attn_tile) and 16 <= self.attn_tile <= self.attn_block,
                  f"attn_tile {self.attn_tile} must be a power of two in 16..attn_block ({self.attn_block})")
         need(self.max_spin > 0, "max_spin must be positive")
-        need(self.attn_overlap in (0, 1), f"attn_overlap {self.attn_overlap} not in 0, 1")
-        if self.attn_overlap:
-            need(self.pipeline_stages == 0, "attn_overlap runs the per-task loop (pipeline_stages 0)")
         H, I = model.hidden_size, model.intermediate_size
         # K need not be a multiple of block_k: the last chunk of a row is masked.
         rows = {"qkv": model.qkv_size, "o": H, "gate_up": I, "down": H, "lm": model.vocab_size}

@@ -36,7 +36,7 @@ TAGGED_QKV = True
 
 def tagged_qkv(ecfg: EngineConfig) -> bool:
     """Whether qkv reaches attention as token-tagged words for this config (the ring's path, TAGGED_QKV): the
-    plan's attn_overlap ranks, the launcher's buffers and regreport's launch all ask here."""
+    launcher's buffers and regreport's launch both ask here."""
     return bool(ecfg.weight_ring) and TAGGED_QKV
 
 # Plan for at most this many SMs (None: all): the grid then holds fewer CTAs than the GPU could run, so phases
@@ -104,45 +104,6 @@ def _deal(n: int, grid: int, mapping: str, cursor: int, die_of_cta: np.ndarray |
     return owner, (cursor + n) % grid
 
 
-def qkv_tile_group(model: ModelConfig, bn: int, tile: int) -> int:
-    """The KV group whose attention first reads qkv tile `tile` (rows [tile * bn, (tile + 1) * bn) of
-    q | k | v): its first row's group."""
-    r, hd, nkv = tile * bn, model.head_dim, model.num_kv_heads
-    if r < model.q_size:
-        return r // (model.q_size // nkv)
-    r -= model.q_size
-    return (r if r < nkv * hd else r - nkv * hd) // hd
-
-
-def qkv_ranks(model: ModelConfig, ecfg: EngineConfig, rows_per_counter: int | None) -> np.ndarray:
-    """attn_overlap's rank of every qkv tile: 2 x the first KV group whose attention waits on it. With
-    token-tagged qkv (rows_per_counter None) a split waits on its group's rows themselves; with counters it
-    waits on whole counters of rows_per_counter rows, so a tile counts for every group whose rows share its
-    counter (llama-3.2-1b at sync_rows 4096: one counter holds every group's q and k rows)."""
-    n = model.qkv_size // ecfg.bn_qkv
-    group = np.array([qkv_tile_group(model, ecfg.bn_qkv, t) for t in range(n)])
-    if rows_per_counter is None:
-        return 2 * group
-    R, hd, nkv = int(rows_per_counter), model.head_dim, model.num_kv_heads
-    gr = model.q_size // nkv
-    first = np.full(-(-model.qkv_size // R), nkv, dtype=np.int64)   # first group waiting on each counter
-    for g in range(nkv):
-        for lo, hi in ((g * gr, (g + 1) * gr), (model.q_size + g * hd, model.q_size + (g + 1) * hd),
-                       (model.q_size + (nkv + g) * hd, model.q_size + (nkv + g + 1) * hd)):
-            c = np.arange(lo // R, (hi - 1) // R + 1)
-            first[c] = np.minimum(first[c], g)
-    return 2 * np.minimum(group, first[(np.arange(n) * ecfg.bn_qkv) // R])
-
-
-def _overlap_rank(qkv_rank: np.ndarray, ttype: int, tile: int, attn_splits: int) -> int:
-    """attn_overlap's order inside a layer's qkv + attention tasks: qkv tiles by qkv_ranks, the attention
-    splits of group g 2g + 1. Every CTA runs its tasks in rank order and a task waits only on lower ranks,
-    so no wait cycle can form (by induction over the ranks, as the phase order argues)."""
-    if ttype == T_QKV:
-        return int(qkv_rank[tile])
-    return 2 * (tile // attn_splits) + 1
-
-
 def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
               sm_partition: dict[int, int] | None = None, attn_splits: int = 1) -> Plan:
     """Plan one decode step for `sms` SMs with ecfg.ctas_per_sm CTAs each.
@@ -172,24 +133,8 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     per_cta: list[list[tuple[int, int, int, int]]] = [[] for _ in range(grid)]
     cursor = 0
     nbar = 0
-    overlap = bool(ecfg.attn_overlap) and ecfg.mode == "targeted"
-    held: list[list[tuple[int, tuple[int, int, int, int]]]] = [[] for _ in range(grid)]   # (rank, task)
     R_default = ecfg.sync_rows or ecfg.block_k
-    qkv_rank = qkv_ranks(model, ecfg, None if tagged_qkv(ecfg) else R_default) if overlap else None
     for ttype, layer, n in _phase_tasks(model, ecfg, attn_splits):
-        if overlap and ttype in (T_QKV, T_ATTN):
-            # attn_overlap: qkv tiles dealt KV group by group, then each CTA's qkv tiles and attention splits of
-            # the layer in rank order, so a group's attention runs while later groups' qkv still stream
-            order = np.argsort(qkv_rank, kind="stable") if ttype == T_QKV else np.arange(n)
-            dealt, cursor = _deal(n, grid, ecfg.mapping, cursor, die_of_cta)
-            for tile, c in zip(order, dealt):
-                held[int(c)].append((_overlap_rank(qkv_rank, ttype, int(tile), attn_splits),
-                                     (ttype, layer, int(tile), 0)))
-            if ttype == T_ATTN:
-                for c in range(grid):
-                    per_cta[c] += [task for _, task in sorted(held[c], key=lambda rt: rt[0])]
-                    held[c] = []
-            continue
         owner, cursor = _deal(n, grid, ecfg.mapping, cursor, die_of_cta)
         for tile, c in enumerate(owner):
             per_cta[int(c)].append((ttype, layer, tile, 0))
@@ -229,29 +174,22 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     return Plan(grid=grid, tasks=tasks, cta_start=cta_start, layout=layout, rows_per_counter=R,
                 target=target, n_counters=len(target), barriers_per_token=nbar,
                 cta_die=die_of_cta, meta={"mapping": ecfg.mapping, "mode": ecfg.mode, "sms": sms,
-                                          "attn_splits": attn_splits, "attn_overlap": overlap,
-                                          "qkv_rank": qkv_rank})
+                                          "attn_splits": attn_splits})
 
 
 def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> None:
     """Invariants the kernel relies on (used by the tests and before every launch in debug mode):
-    every task exactly once, each CTA's list in phase order (attn_overlap: a layer's qkv and attention tasks
-    in rank order, _overlap_rank), counters' targets sum to the producer tiles."""
-    splits = plan.meta.get("attn_splits", 1)
-    expected = _phase_tasks(model, ecfg, splits)
+    every task exactly once, each CTA's list in phase order, counters' targets sum to the producer tiles."""
+    expected = _phase_tasks(model, ecfg, plan.meta.get("attn_splits", 1))
     seen = {(t, layer): 0 for t, layer, _ in expected}
     order = {(t, layer): i for i, (t, layer, _) in enumerate(expected)}
-    overlap = plan.meta.get("attn_overlap", False)
     for c in range(plan.grid):
-        last = (-1, -1)
+        last = -1
         for ttype, layer, tile, _ in plan.tasks_of(c):
             if ttype == T_BAR:
                 continue
-            ttype, layer, tile = int(ttype), int(layer), int(tile)
-            k = (order[(ttype, layer)], 0)
-            if overlap and ttype in (T_QKV, T_ATTN):   # one ranked phase: the layer's qkv slot
-                k = (order[(T_QKV, layer)], _overlap_rank(plan.meta["qkv_rank"], ttype, tile, splits))
-            assert k >= last, f"CTA {c}: task {k} after {last}"
+            k = order[(int(ttype), int(layer))]
+            assert k >= last, f"CTA {c}: task of phase {k} after phase {last}"
             last = k
             seen[(int(ttype), int(layer))] += 1
     for t, layer, n in expected:

@@ -127,37 +127,3 @@ def test_sms_cap_plans_a_smaller_grid(monkeypatch):
     check_plan(p, cfg, e)
     topo = make_plan(cfg, e.replace(mapping="topology"), sms=4, sm_partition={s: s % 2 for s in range(4)})
     assert topo.grid == 8
-
-
-def test_attn_overlap_ranks_qkv_and_attention():
-    """attn_overlap (targeted): each CTA runs a layer's qkv tiles and attention splits in rank order (qkv of
-    KV group g, then g's attention), so some attention split runs before its CTA's later-group qkv tiles;
-    check_plan accepts the order, and grid mode ignores the knob (its barriers order the phases)."""
-    from kog.engine.plan import T_ATTN, _overlap_rank, qkv_ranks, qkv_tile_group
-    cfg = LLAMA
-    e = EngineConfig(bn_qkv=4, attn_overlap=1, weight_ring=3)     # the ring: token-tagged qkv, exact waits
-    p = make_plan(cfg, e, 132, attn_splits=4)
-    check_plan(p, cfg, e)
-    assert qkv_tile_group(cfg, 16, 0) == 0
-    assert qkv_tile_group(cfg, 16, (cfg.q_size + cfg.head_dim) // 16) == 1      # k of group 1
-    assert qkv_tile_group(cfg, 16, (cfg.q_size + cfg.num_kv_heads * cfg.head_dim) // 16) == 0   # v of group 0
-    early = with_attn = 0
-    for c in range(p.grid):
-        lst = [tuple(int(x) for x in t[:3]) for t in p.tasks_of(c) if t[1] == 0 and t[0] in (T_QKV, T_ATTN)]
-        ranks = [_overlap_rank(p.meta["qkv_rank"], t, tile, 4) for t, _, tile in lst]
-        assert ranks == sorted(ranks)
-        types = [t for t, _, _ in lst]
-        if T_ATTN in types:
-            with_attn += 1
-            early += T_QKV in types[types.index(T_ATTN):]
-    assert with_attn == 32 and early >= with_attn // 2
-    g = make_plan(cfg, e.replace(mode="grid"), 132, attn_splits=4)
-    assert not g.meta["attn_overlap"]
-    check_plan(g, cfg, e.replace(mode="grid"))
-    # counters: a tile ranks with the first group that waits on its counter (one counter of 4096 rows holds
-    # all of llama-3.2-1b's q and k rows, so every tile ranks 0: attention after all qkv, as without the knob)
-    assert (qkv_ranks(cfg, e, 4096) == 0).all()
-    r64 = qkv_ranks(cfg, e, 64)
-    assert (r64 <= qkv_ranks(cfg, e, None)).all() and r64.max() > 0
-    with pytest.raises(ConfigError, match="attn_overlap"):
-        EngineConfig(attn_overlap=2).validate(cfg)

@@ -246,19 +246,6 @@ def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
     assert got == ref and err < 1e-4
 
 
-@pytest.mark.parametrize("cfg, ring", [(TINY, 0), (RING_WHOLE, 2)])
-def test_attn_overlap_matches_reference(cfg, ring):
-    """attn_overlap: each KV group's attention splits run right after the CTA's qkv tiles of that group,
-    before the later groups' (one CTA under the interpreter: its own releases are flushed before it waits
-    on them, counters without the ring, token-tagged qkv words with it); the tokens and logits are
-    unchanged."""
-    e = SMALL_TILES.replace(attn_overlap=1, bn_qkv=8)
-    if ring:
-        e = e.replace(weight_ring=ring, block_k=128, row_prefetch=2, **EQUAL_BN)
-    ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
-    assert got == ref and err < 1e-4
-
-
 @pytest.mark.parametrize("mode", ["targeted", "grid"])
 def test_weight_ring_blocked_prefetch_matches_reference(mode):
     """blocked_prefetch with the ring: a CTA blocked on an input, a grid barrier or the sampled token asks the

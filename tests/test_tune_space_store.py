@@ -100,8 +100,6 @@ def test_weight_ring_is_a_parameter_only_where_the_ring_runs():
     assert build_space(m).attn_tile == (0,) and sp.attn_tile == (0, 32)
     for t in study.trials:
         assert ("attn_tile" in t.params) == (t.params["attn_block"] > 32)
-        # attn_overlap: a plan order of targeted mode only
-        assert ("attn_overlap" in t.params) == (t.params["mode"] == "targeted")
     with pytest.raises(Infeasible, match="weight_ring"):
         check_tp(EngineConfig(weight_ring=3), m, 2, 64, 8, 132)
 

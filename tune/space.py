@@ -57,7 +57,6 @@ class Space:
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
     weight_ring: tuple[int, ...] = (0,)          # build_space(ring=True): WEIGHT_RING_CHOICES
     attn_tile: tuple[int, ...] = (0,)            # build_space(ring=True): (0, 32), asked only for wider splits
-    attn_overlap: tuple[int, ...] = (0, 1)       # a layer's attention interleaved with its qkv (targeted only)
     tp_degrees: tuple[int, ...] = (1,)           # > 1 entry: "tp_degree" is a parameter (module docstring)
     exchange_rows: tuple[int, ...] = EXCHANGE_ROWS_CHOICES
 
@@ -72,8 +71,6 @@ class Space:
         for ph in PHASES:
             kw["bn_" + ph] = trial.suggest_categorical("bn_" + ph, list(self.bn[ph]))
         kw["sync_rows"] = trial.suggest_categorical("sync_rows", list(self.sync_rows)) if mode == "targeted" else 0
-        if mode == "targeted" and len(self.attn_overlap) > 1:    # define-by-run: grid mode's barriers order it
-            kw["attn_overlap"] = trial.suggest_categorical("attn_overlap", list(self.attn_overlap))
         kw["prefetch"] = trial.suggest_categorical("prefetch", list(self.prefetch))
         kw["row_prefetch"] = trial.suggest_categorical("row_prefetch", list(self.row_prefetch))
         kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
