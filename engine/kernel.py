@@ -777,18 +777,6 @@ def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
 
 
 @triton.jit
-def _qkv_val(ptr, offs, mask, TAG: tl.constexpr):
-    """qkv values at offs: the fp32 activation buffer, or (TAG) the tagged buffer's 64-bit words (low half:
-    the value's bits, high half: the token tag; _tag_store), read from L2."""
-    if TAG:
-        w = tl.load(ptr + offs, mask=mask, other=0, cache_modifier=".cg")
-        v = (w & 4294967295).to(tl.int32).to(tl.float32, bitcast=True)
-    else:
-        v = tl.load(ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    return v
-
-
-@triton.jit
 def _tag_store(ptr, offs, y, t1):
     """Store fp32 values with the token tag t1 in one aligned 64-bit word each: a reader that sees the tag sees
     the value, so no fence or counter publishes them (the qkv -> attention hand-off). The store is a plain
@@ -800,25 +788,63 @@ def _tag_store(ptr, offs, y, t1):
 
 
 @triton.jit
-def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constexpr, G: tl.constexpr,
-              GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr):
-    """Wait (bounded) until KV head g's q rows, k row and v row carry this token's tag t1: the attention
-    split's input, polled in the data itself (every word once per poll, from L2). On timeout: record
-    [1, -5, task, t1, tag seen] and abort everyone."""
+def _split_inputs(qkv_ptr, g, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
+                  KVS: tl.constexpr):
+    """An attention split's inputs from the fp32 qkv buffer (from L2: their counters already waited for): KV
+    head g's G query rows (padded to GP) and their rotate-half partners, the new k row and its partner, the
+    new v row."""
     d = tl.arange(0, HD)
+    half: tl.constexpr = HD // 2
+    dp = (d + half) % HD                         # rotate_half partner
     gq = tl.arange(0, GP)
     qm = (gq < G)[:, None] & (d >= 0)[None, :]
-    qo = (g * G + gq)[:, None] * HD + d[None, :]
-    ko = QS + g * HD + d
+    qrow = (g * G + gq)[:, None] * HD
+    q = tl.load(qkv_ptr + qrow + d[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+    qs = tl.load(qkv_ptr + qrow + dp[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+    kof = QS + g * HD
+    k = tl.load(qkv_ptr + kof + d, cache_modifier=".cg")
+    ks = tl.load(qkv_ptr + kof + dp, cache_modifier=".cg")
+    v = tl.load(qkv_ptr + KVS + kof + d, cache_modifier=".cg")
+    return q, qs, k, ks, v
+
+
+@triton.jit
+def _tag_bits(w):
+    """The fp32 value in a tagged word's low half (_tag_store)."""
+    return (w & 4294967295).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constexpr, G: tl.constexpr,
+              GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr):
+    """Wait (bounded) until KV head g's q rows, k row and v row carry this token's tag t1, and return them as
+    _split_inputs does: the words the last poll read ARE the values (each carries its own tag), so no load
+    follows the wait (one L2 round trip less on the qkv -> attention hop). Every word once per poll, from L2.
+    On timeout: record [1, -5, task, t1, tag seen] and abort everyone."""
+    d = tl.arange(0, HD)
+    half: tl.constexpr = HD // 2
+    dp = (d + half) % HD
+    gq = tl.arange(0, GP)
+    qm = (gq < G)[:, None] & (d >= 0)[None, :]
+    qrow = (g * G + gq)[:, None] * HD
+    kof = QS + g * HD
+    wq = tl.zeros([GP, HD], dtype=tl.int64)
+    wqs = tl.zeros([GP, HD], dtype=tl.int64)
+    wk = tl.zeros([HD], dtype=tl.int64)
+    wks = tl.zeros([HD], dtype=tl.int64)
+    wv = tl.zeros([HD], dtype=tl.int64)
     n = 0
     ab = 0
     lo = t1 * 0
     while (lo < t1) & (n < max_spin) & (ab == 0):
-        tq = tl.load(qkvt_ptr + qo, mask=qm, other=0, volatile=True) >> 32
-        tk = tl.load(qkvt_ptr + ko, volatile=True) >> 32
-        tv = tl.load(qkvt_ptr + KVS + ko, volatile=True) >> 32
-        tq = tl.where(qm, tq, t1)
-        lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.minimum(tl.min(tk, axis=0), tl.min(tv, axis=0)))
+        wq = tl.load(qkvt_ptr + qrow + d[None, :], mask=qm, other=0, volatile=True)
+        wqs = tl.load(qkvt_ptr + qrow + dp[None, :], mask=qm, other=0, volatile=True)
+        wk = tl.load(qkvt_ptr + kof + d, volatile=True)
+        wks = tl.load(qkvt_ptr + kof + dp, volatile=True)
+        wv = tl.load(qkvt_ptr + KVS + kof + d, volatile=True)
+        tq = tl.minimum(tl.where(qm, wq >> 32, t1), tl.where(qm, wqs >> 32, t1))
+        tk = tl.minimum(tl.minimum(wk >> 32, wks >> 32), wv >> 32)
+        lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.min(tk, axis=0))
         lo = lo.to(tl.int32)
         n += 1
         if n % 64 == 0:
@@ -826,18 +852,20 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
     if lo < t1:
         if ab == 0:
             record_abort(sync_ptr + S_ABORT, err_ptr, -5, task, t1, lo)
+    return _tag_bits(wq), _tag_bits(wqs), _tag_bits(wk), _tag_bits(wks), _tag_bits(wv)
 
 
 @triton.jit
-def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr, qn_ptr, kn_ptr, g, split, pos,
-                eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
-                KVS: tl.constexpr, BT: tl.constexpr, QK_NORM: tl.constexpr, TAG: tl.constexpr = False,
-                BSP: tl.constexpr = 0):
+def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0, qn_ptr, kn_ptr, g, split, pos,
+                eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
+                QK_NORM: tl.constexpr, BSP: tl.constexpr = 0):
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
     positions [p0, p0 + BSP) that precede pos, plus the new position pos when it falls in this split. Writes
     the split's softmax partial (acc, m, l) for the combine. The positions go through tl.dot in tiles of BT
-    (EngineConfig.attn_tile; BSP = 0: one tile); kb0/vb0, the first tile's K/V, were loaded by the caller
-    before it waited for q/k/v. Under HF_ROUNDING, RoPE and q/k norm round to the model dtype as HF's do."""
+    (EngineConfig.attn_tile; BSP = 0: one tile). Everything that does not depend on this token's q/k/v was
+    loaded by the caller before it waited for them: kb0/vb0 (the first tile's K/V), cos/sin (RoPE at pos);
+    q, qs, k, ks, v are _split_inputs' (or _tag_wait's) values. Under HF_ROUNDING, RoPE and q/k norm round
+    to the model dtype as HF's do."""
     SPAN: tl.constexpr = BSP if BSP > 0 else BT
     DT: tl.constexpr = kbase.dtype.element_ty
     d = tl.arange(0, HD)
@@ -845,26 +873,16 @@ def _attn_split(qkv_ptr, part_ptr, kbase, vbase, kb0, vb0, p0, cos_ptr, sin_ptr,
     dp = (d + half) % HD                         # rotate_half partner
     sgn = tl.where(d < half, -1.0, 1.0)
     gq = tl.arange(0, GP)
-    qm = gq < G
-    qrow = (g * G + gq)[:, None] * HD
-    q = _qkv_val(qkv_ptr, qrow + d[None, :], qm[:, None], TAG)
-    qs = _qkv_val(qkv_ptr, qrow + dp[None, :], qm[:, None], TAG)
     if QK_NORM:
         rq = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         q = _rnd(_rnd(q * rq[:, None], DT) * tl.load(qn_ptr + d)[None, :], DT)
         qs = _rnd(_rnd(qs * rq[:, None], DT) * tl.load(qn_ptr + dp)[None, :], DT)
-    cos = tl.load(cos_ptr + pos * HD + d)
-    sin = tl.load(sin_ptr + pos * HD + d)
     q = _rnd(_rnd(q * cos[None, :], DT) + _rnd(sgn[None, :] * qs * sin[None, :], DT), DT)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, HD], dtype=tl.float32)
     if (pos >= p0) & (pos < p0 + SPAN):
         # this split holds the new position: its k/v enter from registers and go to the cache for later tokens
-        kof = QS + g * HD
-        k = _qkv_val(qkv_ptr, kof + d, d >= 0, TAG)
-        ks = _qkv_val(qkv_ptr, kof + dp, d >= 0, TAG)
-        v = _qkv_val(qkv_ptr, QS + KVS + g * HD + d, d >= 0, TAG)
         if QK_NORM:
             rk_ = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
             k = _rnd(_rnd(k * rk_, DT) * tl.load(kn_ptr + d), DT)
@@ -1162,14 +1180,16 @@ def monokernel(
                     if blk0:
                         tl.debug_barrier()
                     nxt = rows_load(rows4_ptr, ti + ROW_BLOCK, t_hi, blk0)
-                    typ, layer, tile, rel, cb = row_read(rbase, grow_ptr, cta, j, VENDOR)
+                    typ, layer, tile, rel, cb, early = row_read(rbase, grow_ptr, cta, j, VENDOR)
                     w_off = tl.zeros([], dtype=tl.int64)     # the ring reads no weight offset
                 elif ROWPF == 1:
+                    early = 0
                     typ, layer, tile, w_off, rel, cb = r_typ, r_layer, r_tile, r_woff, r_rel, r_cb
                     tn = ti + 1
                     tn = tl.where(tn < t_hi, tn, t_lo)     # after the last task: the next token's first
                     r_typ, r_layer, r_tile, r_woff, r_rel, r_cb = _task_row(tasks_ptr, tn)
                 else:
+                    early = 0
                     typ, layer, tile, w_off, rel, cb = _task_row(tasks_ptr, ti)
                 dtyp = typ       # the type the per-task branches below dispatch on
                 rec = 1          # whether this task gets a trace record
@@ -1255,13 +1275,18 @@ def monokernel(
                         p_lo = tl.maximum(pos - window + 1, 0)
                     p0 = p_lo + split * SPLIT
                     if p0 <= pos:
-                        kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)   # before the wait
-                        if TAGQKV:   # qkv as token-tagged words: the wait polls them
+                        # before the wait: all that does not depend on this token's q/k/v
+                        kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
+                        dh = tl.arange(0, HD)
+                        cs = tl.load(cos_ptr + pos * HD + dh)
+                        sn = tl.load(sin_ptr + pos * HD + dh)
+                        if TAGQKV:   # qkv as token-tagged words: the poll returns them (grid mode: one poll)
                             qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
                             if WAIT:
                                 if (PFB > 0) & (RING > 0):   # the attention hop streams no weights: ask the L2
                                     ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
-                                _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS)
+                            q, qs, kn, ksn, vn = _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP,
+                                                           QS, KVS)
                         else:
                             qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
                             if WAIT:
@@ -1274,13 +1299,14 @@ def monokernel(
                                 rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
                                                     QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr, max_spin,
                                                     ti, w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
+                            q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS)
                         if WAIT:
                             if TRACE:
                                 waited = global_time_ns(VENDOR) - t_start
-                        _attn_split(qkv_in, part_ptr, kbase, kbase + kc_layer, kb0,
-                                    vb0, p0, cos_ptr, sin_ptr, small_ptr + tl.load(soff_ptr + layer * 8 + 1),
+                        _attn_split(q, qs, kn, ksn, vn, cs, sn, part_ptr, kbase, kbase + kc_layer, kb0, vb0, p0,
+                                    small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
-                                    attn_S, HD, G, GP, QS, KVS, BT, QK_NORM, TAGQKV, SPLIT)
+                                    attn_S, HD, G, GP, BT, QK_NORM, SPLIT)
                     tl.debug_barrier()
                     # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
                     # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
@@ -1294,6 +1320,9 @@ def monokernel(
                         pend_n += 1
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
+                    # the residual before the input wait where the plan proves it ready (plan.early_residual)
+                    h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, mask=(rows >= 0) & (early != 0),
+                                other=0.0, cache_modifier=".cg")
                     if RING > 0:
                         acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
@@ -1310,7 +1339,8 @@ def monokernel(
                     if TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows, _rounded_sum(acc, DT, TPC))
                     else:
-                        h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
+                        if early == 0:
+                            h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, cache_modifier=".cg")
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows,
                                  _rnd(h + _rounded_sum(acc, DT, TPC), DT))
                     pend_n += 1
@@ -1337,6 +1367,8 @@ def monokernel(
                     pend_n += 1
                 elif dtyp == T_DOWN:
                     rows = tile * BN_DOWN + tl.arange(0, BN_DOWN)
+                    hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, mask=(rows >= 0) & (early != 0),
+                                 other=0.0, cache_modifier=".cg")
                     if RING > 0:
                         acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
@@ -1353,7 +1385,8 @@ def monokernel(
                     if TP:
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 6) + rows, _rounded_sum(acc, DT, TPC))
                     else:
-                        hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
+                        if early == 0:
+                            hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, cache_modifier=".cg")
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 5) + rows,
                                  _rnd(hm + _rounded_sum(acc, DT, TPC), DT))
                     pend_n += 1

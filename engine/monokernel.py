@@ -288,8 +288,10 @@ class Monokernel:
         n = self.plan.grid * e.weight_ring * self.slot_bytes // 2 if self.vendor == INTERPRET else 1
         self.gring = torch.zeros(n, dtype=self.wbuf.dtype, device=self.device)
         if e.row_prefetch == 2:      # task rows through shared memory (kog.engine.ring.compact_rows)
+            from kog.engine.plan import early_residual
             from kog.engine.ring import ROW_BLOCK, compact_rows
-            self.rows4 = torch.tensor(compact_rows(tasks), dtype=torch.int32, device=self.device)
+            early = early_residual(tasks, self.plan.cta_start)
+            self.rows4 = torch.tensor(compact_rows(tasks, early), dtype=torch.int32, device=self.device)
             n = self.plan.grid * 2 * ROW_BLOCK.value * 4 if self.vendor == INTERPRET else 1
             self.grow = torch.zeros(n, dtype=torch.int32, device=self.device)
 

@@ -39,6 +39,33 @@ def tagged_qkv(ecfg: EngineConfig) -> bool:
     launcher's buffers and regreport's launch both ask here."""
     return bool(ecfg.weight_ring) and TAGGED_QKV
 
+# O and down tasks load their residual rows (h for O, O's output for down) BEFORE they wait for their input,
+# where the plan proves those rows ready: the CTA ran a qkv (for O) or gate_up (for down) task of the same
+# layer earlier in the token, and those wait for their whole RMS-normed input, which is that residual. The
+# load's L2 latency then leaves the task's epilogue (kog.engine.ring.compact_rows carries the mark; the ring's
+# row_prefetch 2 path reads it). False: every residual loads after the GEMV, as before 2026-12-02
+# (bench/engine_check.py: "_EARLY_RESIDUAL")
+EARLY_RESIDUAL = True
+
+
+def early_residual(tasks: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
+    """Per task (rows of `tasks`: type, layer, ...), whether its residual rows are ready before its input wait
+    (EARLY_RESIDUAL above): an O task after a qkv task of its layer in its CTA's list, a down task after a
+    gate_up task of its layer. All False when EARLY_RESIDUAL is off."""
+    out = np.zeros(len(tasks), dtype=bool)
+    if not EARLY_RESIDUAL:
+        return out
+    needs = {T_O: T_QKV, T_DOWN: T_GU}
+    for c in range(len(cta_start) - 1):
+        seen: set[tuple[int, int]] = set()
+        for i in range(int(cta_start[c]), int(cta_start[c + 1])):
+            typ, layer = int(tasks[i, 0]), int(tasks[i, 1])
+            if typ in needs:
+                out[i] = (needs[typ], layer) in seen
+            seen.add((typ, layer))
+    return out
+
+
 # Plan for at most this many SMs (None: all): the grid then holds fewer CTAs than the GPU could run, so phases
 # whose tile counts divide the smaller grid end evenly (bench/engine_check.py sets it per sweep entry:
 # "_SMS_CAP"; the topology mapping always plans every SM of its scan)

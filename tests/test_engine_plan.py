@@ -127,3 +127,27 @@ def test_sms_cap_plans_a_smaller_grid(monkeypatch):
     check_plan(p, cfg, e)
     topo = make_plan(cfg, e.replace(mapping="topology"), sms=4, sm_partition={s: s % 2 for s in range(4)})
     assert topo.grid == 8
+
+
+def test_early_residual_marks_only_tasks_whose_residual_a_wait_proved_ready(monkeypatch):
+    """plan.early_residual: an O task may load its residual (h) before its input wait only after a qkv task of
+    its layer in its CTA's list (qkv waited for all of h), a down task only after a gate_up task of its layer
+    (gate_up waited for all of O's output); nothing else is marked, and EARLY_RESIDUAL off marks nothing."""
+    import kog.engine.plan as plan_mod
+    from kog.engine.plan import T_DOWN, T_GU, T_O, early_residual
+    tasks = np.array([[T_QKV, 0], [T_O, 0], [T_O, 1], [T_QKV, 1], [T_O, 1], [T_DOWN, 1], [T_GU, 1], [T_DOWN, 1],
+                      [T_O, 0]])
+    got = early_residual(tasks, np.array([0, 8, 9]))
+    assert got.tolist() == [False, True, False, False, True, False, False, True, False]
+    # a real plan: every CTA runs qkv and gate_up tiles of each layer (bench shapes), so all O / down tasks
+    cfg = PRESETS["llama-3.2-1b"]
+    p = make_plan(cfg, EngineConfig(weight_ring=3, row_prefetch=2, bn_gate_up=4, attn_block=64), 132, attn_splits=10)
+    e = early_residual(p.tasks, p.cta_start)
+    od = np.isin(p.tasks[:, 0], [T_O, T_DOWN])
+    assert e[od].all() and not e[~od].any()
+    # a grid larger than the qkv tiles: CTAs without a qkv task of the layer load after their wait
+    small = make_plan(PRESETS["tiny"], EngineConfig(bn_qkv=64), 16)
+    es = early_residual(small.tasks, small.cta_start)
+    assert not es[small.tasks[:, 0] == T_QKV].any() and (~es[np.isin(small.tasks[:, 0], [T_O, T_DOWN])]).any()
+    monkeypatch.setattr(plan_mod, "EARLY_RESIDUAL", False)
+    assert not early_residual(p.tasks, p.cta_start).any()

@@ -278,6 +278,8 @@ def test_compact_rows_and_row_prefetch_2_validation():
     from kog.engine.ring import compact_rows
     tab = np.array([[T_GU, 7, 300, 0, 99, 5, 41, 12], [T_BAR, 3, 0, 17, 0, 0, -1, 0]], dtype=np.int32)
     assert compact_rows(tab).tolist() == [[T_GU | 7 << 8, 300, 41, 12], [T_BAR | 3 << 8, 17, -1, 0]]
+    # bit 7: the task's residual may load before its input wait (plan.early_residual)
+    assert compact_rows(tab, np.array([True, False]))[:, 0].tolist() == [T_GU | 1 << 7 | 7 << 8, T_BAR | 3 << 8]
     with pytest.raises(ConfigError, match="row_prefetch 2"):
         EngineConfig(row_prefetch=2).validate(TINY)
     with pytest.raises(ConfigError, match="row_prefetch"):
