@@ -193,7 +193,8 @@ def _():
 def _():
     """A/B in the same run: other kernel files (--alt FILE, repeatable: edited copies of engine/kernel.py) under
     the same launcher, each over the configs of --alt-grid (a JSON list of EngineConfig overrides; default:
-    the defaults, grid mode and a 4-row tiling); main's kernel is measured on the same configs first."""
+    the defaults, grid mode and a 4-row tiling); main's kernel is measured on the same configs first.
+    --alt-check: each also gets the sweep's teacher-forced check."""
     if "--alt" not in sys.argv:
         return {}
     import importlib.util
@@ -214,8 +215,12 @@ def _():
         try:
             for g in grid:
                 key = os.path.basename(path) + ":" + (",".join(f"{k}={v}" for k, v in g.items()) or "default")
+                ov, flags = plan_toggles(g)
                 try:
-                    out[key] = perf(EngineConfig(**g), n=256, repeats=3, trace="--alt-trace" in sys.argv)
+                    with plan_flags(flags):
+                        out[key] = perf(EngineConfig(**ov), n=256, repeats=3, trace="--alt-trace" in sys.argv)
+                        if "--alt-check" in sys.argv:    # teacher-forced error and greedy agreement, per kernel
+                            out[key].update(teacher_check(EngineConfig(**ov)))
                 except Exception as e:
                     out[key] = {"error": repr(e)[:500]}
                 print(key, json.dumps(out[key], default=str)[:300], flush=True)

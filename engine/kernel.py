@@ -788,63 +788,63 @@ def _tag_store(ptr, offs, y, t1):
 
 
 @triton.jit
+def _qkv_val(ptr, offs, mask, TAG: tl.constexpr):
+    """qkv values at offs: the fp32 activation buffer, or (TAG) the tagged buffer's 64-bit words (low half:
+    the value's bits, high half: the token tag; _tag_store), read from L2."""
+    if TAG:
+        w = tl.load(ptr + offs, mask=mask, other=0, cache_modifier=".cg")
+        v = (w & 4294967295).to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        v = tl.load(ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    return v
+
+
+@triton.jit
 def _split_inputs(qkv_ptr, g, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
-                  KVS: tl.constexpr):
-    """An attention split's inputs from the fp32 qkv buffer (from L2: their counters already waited for): KV
-    head g's G query rows (padded to GP) and their rotate-half partners, the new k row and its partner, the
-    new v row."""
+                  KVS: tl.constexpr, TAG: tl.constexpr):
+    """An attention split's inputs, read from L2 once they are known ready (their counters waited for, or TAG:
+    _tag_wait saw every word tagged): KV head g's G query rows (padded to GP) and their rotate-half partners,
+    the new k row and its partner, the new v row.
+    Why not the words _tag_wait's last poll read: on llama-3.2-1b those values diverged from the reference
+    (teacher-forced error 2.5-6.8e-2 against 7.2e-3, varying run to run; H200, 2026-12-02,
+    bench/h200/engine_check_attn_inputs_2026-12-02.json) while this reload after the poll is exact; the
+    [HD] k / v rows are replicated across warps there, so some copy can be older than the one the tag check
+    saw. The reload costs one L2 round trip (0.6% on llama-3.2-1b)."""
     d = tl.arange(0, HD)
     half: tl.constexpr = HD // 2
     dp = (d + half) % HD                         # rotate_half partner
     gq = tl.arange(0, GP)
     qm = (gq < G)[:, None] & (d >= 0)[None, :]
     qrow = (g * G + gq)[:, None] * HD
-    q = tl.load(qkv_ptr + qrow + d[None, :], mask=qm, other=0.0, cache_modifier=".cg")
-    qs = tl.load(qkv_ptr + qrow + dp[None, :], mask=qm, other=0.0, cache_modifier=".cg")
+    q = _qkv_val(qkv_ptr, qrow + d[None, :], qm, TAG)
+    qs = _qkv_val(qkv_ptr, qrow + dp[None, :], qm, TAG)
     kof = QS + g * HD
-    k = tl.load(qkv_ptr + kof + d, cache_modifier=".cg")
-    ks = tl.load(qkv_ptr + kof + dp, cache_modifier=".cg")
-    v = tl.load(qkv_ptr + KVS + kof + d, cache_modifier=".cg")
+    k = _qkv_val(qkv_ptr, kof + d, d >= 0, TAG)
+    ks = _qkv_val(qkv_ptr, kof + dp, d >= 0, TAG)
+    v = _qkv_val(qkv_ptr, KVS + kof + d, d >= 0, TAG)
     return q, qs, k, ks, v
-
-
-@triton.jit
-def _tag_bits(w):
-    """The fp32 value in a tagged word's low half (_tag_store)."""
-    return (w & 4294967295).to(tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constexpr, G: tl.constexpr,
               GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr):
-    """Wait (bounded) until KV head g's q rows, k row and v row carry this token's tag t1, and return them as
-    _split_inputs does: the words the last poll read ARE the values (each carries its own tag), so no load
-    follows the wait (one L2 round trip less on the qkv -> attention hop). Every word once per poll, from L2.
-    On timeout: record [1, -5, task, t1, tag seen] and abort everyone."""
+    """Wait (bounded) until KV head g's q rows, k row and v row carry this token's tag t1: the attention
+    split's input, polled in the data itself (every word once per poll, from L2). On timeout: record
+    [1, -5, task, t1, tag seen] and abort everyone."""
     d = tl.arange(0, HD)
-    half: tl.constexpr = HD // 2
-    dp = (d + half) % HD
     gq = tl.arange(0, GP)
     qm = (gq < G)[:, None] & (d >= 0)[None, :]
-    qrow = (g * G + gq)[:, None] * HD
-    kof = QS + g * HD
-    wq = tl.zeros([GP, HD], dtype=tl.int64)
-    wqs = tl.zeros([GP, HD], dtype=tl.int64)
-    wk = tl.zeros([HD], dtype=tl.int64)
-    wks = tl.zeros([HD], dtype=tl.int64)
-    wv = tl.zeros([HD], dtype=tl.int64)
+    qo = (g * G + gq)[:, None] * HD + d[None, :]
+    ko = QS + g * HD + d
     n = 0
     ab = 0
     lo = t1 * 0
     while (lo < t1) & (n < max_spin) & (ab == 0):
-        wq = tl.load(qkvt_ptr + qrow + d[None, :], mask=qm, other=0, volatile=True)
-        wqs = tl.load(qkvt_ptr + qrow + dp[None, :], mask=qm, other=0, volatile=True)
-        wk = tl.load(qkvt_ptr + kof + d, volatile=True)
-        wks = tl.load(qkvt_ptr + kof + dp, volatile=True)
-        wv = tl.load(qkvt_ptr + KVS + kof + d, volatile=True)
-        tq = tl.minimum(tl.where(qm, wq >> 32, t1), tl.where(qm, wqs >> 32, t1))
-        tk = tl.minimum(tl.minimum(wk >> 32, wks >> 32), wv >> 32)
-        lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.min(tk, axis=0))
+        tq = tl.load(qkvt_ptr + qo, mask=qm, other=0, volatile=True) >> 32
+        tk = tl.load(qkvt_ptr + ko, volatile=True) >> 32
+        tv = tl.load(qkvt_ptr + KVS + ko, volatile=True) >> 32
+        tq = tl.where(qm, tq, t1)
+        lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.minimum(tl.min(tk, axis=0), tl.min(tv, axis=0)))
         lo = lo.to(tl.int32)
         n += 1
         if n % 64 == 0:
@@ -852,7 +852,6 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
     if lo < t1:
         if ab == 0:
             record_abort(sync_ptr + S_ABORT, err_ptr, -5, task, t1, lo)
-    return _tag_bits(wq), _tag_bits(wqs), _tag_bits(wk), _tag_bits(wks), _tag_bits(wv)
 
 
 @triton.jit
@@ -864,7 +863,7 @@ def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0,
     the split's softmax partial (acc, m, l) for the combine. The positions go through tl.dot in tiles of BT
     (EngineConfig.attn_tile; BSP = 0: one tile). Everything that does not depend on this token's q/k/v was
     loaded by the caller before it waited for them: kb0/vb0 (the first tile's K/V), cos/sin (RoPE at pos);
-    q, qs, k, ks, v are _split_inputs' (or _tag_wait's) values. Under HF_ROUNDING, RoPE and q/k norm round
+    q, qs, k, ks, v are _split_inputs' values. Under HF_ROUNDING, RoPE and q/k norm round
     to the model dtype as HF's do."""
     SPAN: tl.constexpr = BSP if BSP > 0 else BT
     DT: tl.constexpr = kbase.dtype.element_ty
@@ -1280,13 +1279,12 @@ def monokernel(
                         dh = tl.arange(0, HD)
                         cs = tl.load(cos_ptr + pos * HD + dh)
                         sn = tl.load(sin_ptr + pos * HD + dh)
-                        if TAGQKV:   # qkv as token-tagged words: the poll returns them (grid mode: one poll)
+                        if TAGQKV:   # qkv as token-tagged words: the wait polls them
                             qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
                             if WAIT:
                                 if (PFB > 0) & (RING > 0):   # the attention hop streams no weights: ask the L2
                                     ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
-                            q, qs, kn, ksn, vn = _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP,
-                                                           QS, KVS)
+                                _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS)
                         else:
                             qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
                             if WAIT:
@@ -1299,7 +1297,7 @@ def monokernel(
                                 rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
                                                     QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr, max_spin,
                                                     ti, w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
-                            q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS)
+                        q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS, TAGQKV)
                         if WAIT:
                             if TRACE:
                                 waited = global_time_ns(VENDOR) - t_start
