@@ -63,10 +63,6 @@ class EngineConfig:
     attn_tile: int = 0                # > 0: positions per tl.dot tile, a split walking attn_block / attn_tile of
                                       # them (Triton's shared memory holds one tile: the ring keeps its slots
                                       # at wider splits); 0: one tile of attn_block
-    attn_ring: int = 0                # 1 (with weight_ring): each attention split's cached K/V block streams
-                                      # through the ring as one chunk, requested slots ahead like weights
-                                      # (kog.engine.ring.ring_fill), so a split reads it from shared memory
-                                      # after its q/k/v wait instead of loading it from HBM then
     max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
 
     def replace(self, **kw: Any) -> "EngineConfig":
@@ -93,11 +89,7 @@ class EngineConfig:
         blk = self.attn_block
         while -(-span // blk) > MAX_ATTN_SPLITS:
             blk *= 2
-        if blk == self.attn_block:
-            return self, -(-span // blk)
-        # attn_ring holds one split's K/V in a ring slot: a split twice as wide may not fit one, so the widened
-        # layout reads the cache directly
-        return self.replace(attn_block=blk, attn_ring=0), -(-span // blk)
+        return (self if blk == self.attn_block else self.replace(attn_block=blk)), -(-span // blk)
 
     def attn_dot_tile(self) -> int:
         """Cache positions per tl.dot tile of the attention (the kernel's BT): attn_tile, else attn_block."""
@@ -109,7 +101,7 @@ class EngineConfig:
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
                 self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
                 self.row_prefetch, self.pipeline_stages, self.flat_loop, self.tp_compat, self.weight_ring,
-                self.attn_tile, self.attn_ring)
+                self.attn_tile)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -174,15 +166,6 @@ class EngineConfig:
         if self.attn_tile:
             need(pow2(self.attn_tile) and 16 <= self.attn_tile <= self.attn_block,
                  f"attn_tile {self.attn_tile} must be a power of two in 16..attn_block ({self.attn_block})")
-        need(self.attn_ring in (0, 1), f"attn_ring {self.attn_ring} not in 0, 1")
-        if self.attn_ring:
-            from kog.engine.ring import phase_bn, slot_bytes
-            need(self.weight_ring > 0, "attn_ring streams the attention's K/V through the weight ring (weight_ring > 0)")
-            kv = 2 * self.attn_block * model.head_dim * 2
-            need(kv <= slot_bytes(block_k=self.block_k, bn=phase_bn(self)),
-                 f"attn_ring: a split's K and V ({self.attn_block} positions x head_dim {model.head_dim}, {kv} bytes) "
-                 f"exceed one ring slot ({slot_bytes(block_k=self.block_k, bn=phase_bn(self))} bytes)")
-            need(model.sliding_window is None, "attn_ring needs a model without a sliding window (its splits move)")
         need(self.max_spin > 0, "max_spin must be positive")
         H, I = model.hidden_size, model.intermediate_size
         # K need not be a multiple of block_k: the last chunk of a row is masked.

@@ -38,11 +38,11 @@ import triton
 import triton.language as tl
 
 from kog.engine.abort import record_abort
-from kog.engine.ring import (ROW_BLOCK, _slot_addr, ring_drain, ring_fill, ring_init, ring_prefetch_ahead, ring_tile,
-                             ring_wait, row_read, rows_load, rows_store)
+from kog.engine.ring import (ROW_BLOCK, ring_drain, ring_fill, ring_init, ring_prefetch_ahead, ring_tile, ring_wait,
+                             row_read, rows_load, rows_store)
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import (dyn_smem_size, fence_proxy_async_global, global_time_ns, ld_shared_b16, poll_acquire,
-                               release_counter, sm_id, smem_base, wait_counters)
+from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
+                               wait_counters)
 
 # Activation numerics, fixed per process. Default: activations stay float32 from step to step (the model's
 # math on the checkpoint's weights; what is rounded to the model dtype is what must be: the KV cache, and q
@@ -412,8 +412,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
                TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False,
                PF: tl.constexpr = 0, xc_l=None, xc_h=None, xc_key=None, xkey=None, PFB: tl.constexpr = 0,
-               XRAW: tl.constexpr = False, KVR: tl.constexpr = False, cache_ptr=None, kvt_ptr=None, pos0=0,
-               BSKV: tl.constexpr = 0, HDK: tl.constexpr = 0):
+               XRAW: tl.constexpr = False):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
@@ -427,8 +426,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
 
     An RMS-normed input over several K steps (K > BKC: qkv at sheared-llama-2.7b's [32, 512] chunks): step
     k + 1's input is waited for and loaded before step k's chunk wait and math, so its L2 latency is not paid
-    between two chunks, and the sum of squares is kept per thread and reduced once, not once a step.
-    KVR .. HDK: the attention splits' K/V chunks in the ring (EngineConfig.attn_ring), for its refills."""
+    between two chunks, and the sum of squares is kept per thread and reduced once, not once a step."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
     # the next step's input one step ahead only for an RMS-normed input: on llama-3.2-1b's down (K = 8192 in
     # four 2048-column steps, not normed) the held input cost 35 registers and 1.2% (H200, same run)
@@ -440,16 +438,14 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
     ssv = tl.zeros([BKC // 2], dtype=tl.float32)
     waited = tl.zeros([], dtype=tl.int64)
     if MULTI:    # step 0's input; each step then fetches the next one's (the copies are asked for first)
-        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF,
-                       KVR, cache_ptr, kvt_ptr, pos0, BSKV, HDK)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF)
         xn_l, xn_h, sn, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, 0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
                                                      sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr,
                                                      t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT, SLOTB, UPO,
                                                      TRACE, VENDOR, PFB, True)
     for k0 in range(0, K, BKC):
         ne = tl.minimum(BKC, K - k0)
-        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF,
-                       KVR, cache_ptr, kvt_ptr, pos0, BSKV, HDK)
+        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF)
         if MULTI:
             xl = xn_l
             xh = xn_h
@@ -764,41 +760,6 @@ def _cache_block(kbase, vbase, p0, pos, HD: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _slot_rows(sbase, gslot, off, t0, DT: tl.constexpr, HD: tl.constexpr, BT: tl.constexpr, VENDOR: tl.constexpr):
-    """Rows [t0, t0 + BT) x HD of the model dtype from a ring slot (shared address sbase, or the interpreter's
-    global stand-in gslot), starting `off` elements into it."""
-    d = tl.arange(0, HD)
-    t = tl.arange(0, BT)
-    if VENDOR == 1:
-        x = ld_shared_b16(sbase + off * 2 + ((t0 + t) * (HD * 2))[:, None] + (d * 2)[None, :], VENDOR)
-        x = x.to(DT, bitcast=True)
-    else:
-        x = tl.load(gslot + off + ((t0 + t) * HD)[:, None] + d[None, :]).to(DT)
-    return x
-
-
-@triton.jit
-def _attn_block_slot(qb, sbase, gslot, t0, p0, pos, m_i, l_i, acc, sm_scale, DT: tl.constexpr, HD: tl.constexpr,
-                     BT: tl.constexpr, BSKV: tl.constexpr, VENDOR: tl.constexpr):
-    """_attn_block over the split's positions [p0 + t0, p0 + t0 + BT) read from its ring slot
-    (EngineConfig.attn_ring: K block at the slot's start, V block BSKV positions later; ring.ring_fill
-    copied the positions below pos). V is read after the scores, so the two tiles' layout conversions (Triton's
-    shared memory) do not overlap; V rows at or beyond pos read 0 (their slot bytes are whatever it held)."""
-    t = tl.arange(0, BT)
-    kb = _slot_rows(sbase, gslot, 0, t0, DT, HD, BT, VENDOR)
-    s = tl.dot(qb, tl.trans(kb)).to(DT).to(tl.float32) * sm_scale      # [GP, BT]
-    s = tl.where(((p0 + t0 + t) < pos)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
-    p = tl.where(s == float("-inf"), 0.0, tl.exp(s - m_new[:, None]))
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    vb = _slot_rows(sbase, gslot, BSKV * HD, t0, DT, HD, BT, VENDOR)
-    vb = tl.where(((p0 + t0 + t) < pos)[:, None], vb, tl.zeros_like(vb))
-    acc = acc * alpha[:, None] + tl.dot(p.to(DT), vb)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
     """Online-softmax update with one block of cached positions [p0, p0 + BT) (those < pos count).
     Scores are rounded to the model dtype before scaling, as HF's bf16 q @ k^T then .float() * scale (in
@@ -896,13 +857,11 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
 @triton.jit
 def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0, qn_ptr, kn_ptr, g, split, pos,
                 eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
-                QK_NORM: tl.constexpr, BSP: tl.constexpr = 0, KVR: tl.constexpr = False, sbase=0, gslot=None,
-                VENDOR: tl.constexpr = 0):
+                QK_NORM: tl.constexpr, BSP: tl.constexpr = 0):
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
     positions [p0, p0 + BSP) that precede pos, plus the new position pos when it falls in this split. Writes
     the split's softmax partial (acc, m, l) for the combine. The positions go through tl.dot in tiles of BT
-    (EngineConfig.attn_tile; BSP = 0: one tile), from the cache or (KVR: EngineConfig.attn_ring) from the split's
-    ring slot (sbase; gslot: the interpreter's). Everything that does not depend on this token's q/k/v was
+    (EngineConfig.attn_tile; BSP = 0: one tile). Everything that does not depend on this token's q/k/v was
     loaded by the caller before it waited for them: kb0/vb0 (the first tile's K/V), cos/sin (RoPE at pos);
     q, qs, k, ks, v are _split_inputs' values. Under HF_ROUNDING, RoPE and q/k norm round
     to the model dtype as HF's do."""
@@ -930,24 +889,16 @@ def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0,
         k = _rnd(_rnd(k * cos, DT) + _rnd(sgn * ks * sin, DT), DT)
         tl.store(kbase + pos * HD + d, k.to(DT))
         tl.store(vbase + pos * HD + d, v.to(DT))
-        if KVR:      # a later token's K/V chunk copies these positions through the async proxy
-            fence_proxy_async_global(VENDOR)
         m_i = _rnd(tl.sum(q * k[None, :], axis=1), DT) * sm_scale
         l_i = tl.full([GP], 1.0, tl.float32)
         acc = tl.zeros([GP, HD], dtype=tl.float32) + v[None, :]
-    if KVR:
-        for t0 in range(0, SPAN, BT):
-            if p0 + t0 < pos:
-                m_i, l_i, acc = _attn_block_slot(q.to(DT), sbase, gslot, t0, p0, pos, m_i, l_i, acc, sm_scale, DT,
-                                                 HD, BT, SPAN, VENDOR)
-    else:
-        if p0 < pos:
-            m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
-        for t0 in range(BT, SPAN, BT):      # attn_tile: the split's later tiles (none when SPAN == BT)
-            # loaded in turn (loading the next during the current one spilled: 255 registers)
-            if p0 + t0 < pos:
-                kb, vb = _cache_block(kbase, vbase, p0 + t0, pos, HD, BT)
-                m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
+    if p0 < pos:
+        m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+    for t0 in range(BT, SPAN, BT):      # attn_tile: the split's later tiles (none when SPAN == BT)
+        # loaded in turn (loading the next during the current one spilled: 255 registers)
+        if p0 + t0 < pos:
+            kb, vb = _cache_block(kbase, vbase, p0 + t0, pos, HD, BT)
+            m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
     base = part_ptr + (g * S + split) * GP * (HD + 2)
     tl.store(base + gq[:, None] * HD + d[None, :], acc)
     tl.store(base + GP * HD + gq, m_i)
@@ -1136,9 +1087,6 @@ def monokernel(
     # EngineConfig.attn_tile > 0: BT is the attention's tl.dot tile (attn_tile) and BS the cache positions per
     # split (attn_block), which a split walks tile by tile; 0: a split is one tile of BT positions
     BS: tl.constexpr = 0,
-    # EngineConfig.attn_ring: each attention split's cached K/V block is a ring chunk (kog.engine.ring.ring_fill;
-    # kvt_ptr: the chunks' K and V offsets in the cache), read from shared memory (_slot_kv)
-    KVR: tl.constexpr = False, kvt_ptr=None,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -1166,7 +1114,6 @@ def monokernel(
     R_QKV = tl.load(rpc_ptr + 0)
     tr = 0
     stop = 0
-    SPLIT: tl.constexpr = BS if BS > 0 else BT             # positions per attention split
     if RING > 0:
         # the ring is the last RING_BYTES of the launch's dynamic shared memory (the launcher adds them to
         # Triton's own); chunk cursors count from the launch's start; w_ptr holds the weights packed as
@@ -1179,10 +1126,11 @@ def monokernel(
         pmax = n_tokens * nch
         cn = nch * 0         # chunks consumed (an int32 tensor: loop-carried)
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, ring_sz_ptr, RING, SLOTB, RING_SIZES,
-                       VENDOR, PF_DIST, KVR, cache_ptr, kvt_ptr, pos0, SPLIT, HD)
+                       VENDOR, PF_DIST)
     ROWSM: tl.constexpr = (ROWPF == 2) and (RING > 0)
     # O's input (the attention output) rides the ring's input cache when its one chunk is as wide as the cache
     XRAW_O: tl.constexpr = (RING > 0) and (BKC_O == BKC_X) and (QS <= BKC_O)
+    SPLIT: tl.constexpr = BS if BS > 0 else BT             # positions per attention split
     if ROWPF == 1:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
@@ -1301,8 +1249,7 @@ def monokernel(
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BKC_QKV, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB,
-                            KVR=KVR, cache_ptr=cache_ptr, kvt_ptr=kvt_ptr, pos0=pos0, BSKV=SPLIT, HDK=HD)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1326,23 +1273,9 @@ def monokernel(
                     if window > 0:
                         p_lo = tl.maximum(pos - window + 1, 0)
                     p0 = p_lo + split * SPLIT
-                    sbase = 0
-                    gslot = gring_ptr
-                    if KVR:
-                        # this split's K/V block is the ring's next chunk (requested RING chunks ahead, while the
-                        # CTA's qkv tasks ran): top the ring up, wait for it, read the block from shared memory
-                        pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, ring_sz_ptr, RING,
-                                       SLOTB, RING_SIZES, VENDOR, PF_DIST, KVR, cache_ptr, kvt_ptr, pos0, SPLIT, HD)
-                        kvdep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, ti, RING, VENDOR)
-                        sbase = _slot_addr(rbase, cn % RING, SLOTB) + kvdep
-                        gslot = gring_ptr + (cta * RING + cn % RING) * (SLOTB // 2)
                     if p0 <= pos:
                         # before the wait: all that does not depend on this token's q/k/v
-                        if KVR:      # already in shared memory: read after the wait, tile by tile
-                            kb0 = 0
-                            vb0 = 0
-                        else:
-                            kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
+                        kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
                         dh = tl.arange(0, HD)
                         cs = tl.load(cos_ptr + pos * HD + dh)
                         sn = tl.load(sin_ptr + pos * HD + dh)
@@ -1371,9 +1304,7 @@ def monokernel(
                         _attn_split(q, qs, kn, ksn, vn, cs, sn, part_ptr, kbase, kbase + kc_layer, kb0, vb0, p0,
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
-                                    attn_S, HD, G, GP, BT, QK_NORM, SPLIT, KVR, sbase, gslot, VENDOR)
-                    if KVR:
-                        cn += 1
+                                    attn_S, HD, G, GP, BT, QK_NORM, SPLIT)
                     tl.debug_barrier()
                     # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
                     # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
@@ -1397,8 +1328,7 @@ def monokernel(
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BKC_O, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 2) + xtok, PFB, XRAW_O,
-                            KVR=KVR, cache_ptr=cache_ptr, kvt_ptr=kvt_ptr, pos0=pos0, BSKV=SPLIT, HDK=HD)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 2) + xtok, PFB, XRAW_O)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1421,8 +1351,7 @@ def monokernel(
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BKC_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok, PFB,
-                            KVR=KVR, cache_ptr=cache_ptr, kvt_ptr=kvt_ptr, pos0=pos0, BSKV=SPLIT, HDK=HD)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok, PFB)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1445,8 +1374,7 @@ def monokernel(
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BKC_DOWN, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, xtok, PFB,
-                            KVR=KVR, cache_ptr=cache_ptr, kvt_ptr=kvt_ptr, pos0=pos0, BSKV=SPLIT, HDK=HD)
+                            xc_l, xc_h, xc_key, xtok, PFB)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1469,8 +1397,7 @@ def monokernel(
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BKC_LM, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB,
-                            KVR=KVR, cache_ptr=cache_ptr, kvt_ptr=kvt_ptr, pos0=pos0, BSKV=SPLIT, HDK=HD)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,

@@ -61,7 +61,7 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
                 trace: bool, tag_qkv: bool, ptrs: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of one monokernel launch: its constexprs (shapes, tiling, modes, the ring's slot
     and chunk widths), the optional pointers (`ptrs`: chunks_ptr, ring_lo_ptr, gring_ptr, ring_sz_ptr,
-    rows4_ptr, grow_ptr, qkvt_ptr, kvt_ptr, each passed only where the config uses it, so kernel files that predate a
+    rows4_ptr, grow_ptr, qkvt_ptr, each passed only where the config uses it, so kernel files that predate a
     feature still launch), the register cap and the cooperative launch. One function for the launcher
     (Monokernel._launch_args) and for kog.engine.regreport's compile without a GPU, so the two cannot drift."""
     g = cfg.num_heads // cfg.num_kv_heads
@@ -89,10 +89,8 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
                     **kernel_chunk_cols(H=H, I=I, QS=QS, block_k=e.block_k, bn=bn))
         if tag_qkv:
             meta.update(TAGQKV=True, qkvt_ptr=ptrs["qkvt_ptr"])
-        if padded_fraction(H=H, I=I, QS=QS, block_k=e.block_k, bn=bn) > 0 or e.attn_ring:
+        if padded_fraction(H=H, I=I, QS=QS, block_k=e.block_k, bn=bn) > 0:
             meta.update(RING_SIZES=True, ring_sz_ptr=ptrs["ring_sz_ptr"])
-        if e.attn_ring:      # the splits' K/V blocks through the ring (its size table marks their chunks)
-            meta.update(KVR=True, kvt_ptr=ptrs["kvt_ptr"])
         if e.row_prefetch == 2:
             meta.update(rows4_ptr=ptrs["rows4_ptr"], grow_ptr=ptrs["grow_ptr"])
     if vendor == 1:
@@ -273,24 +271,15 @@ class Monokernel:
         H, I = cfg.hidden_size, cfg.intermediate_size
         tiles = {T_QKV: cfg.qkv_size // e.bn_qkv, T_O: H // e.bn_o, T_GU: I // e.bn_gate_up,
                  T_DOWN: H // e.bn_down, T_LM: cfg.vocab_size // e.bn_lm}
-        kv = bool(e.attn_ring)
         order, lo = ring_order(tasks, self.plan.cta_start, num_layers=cfg.num_layers, n_tiles=tiles, H=H, I=I,
-                               QS=cfg.q_size, block_k=e.block_k, bn=bn, kv=kv)
+                               QS=cfg.q_size, block_k=e.block_k, bn=bn)
         # a K that is not a multiple of its chunk: short last steps packed densely and copied at their size
         self.ring_sizes = padded_fraction(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn) > 0
         dt = self.wbuf.dtype
         self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
         self.wbuf = self._placeholder(dt) if self.compile_only else pack_ring_weights(
             self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn, tight=self.ring_sizes).to(self.device)
-        sizes = ring_chunk_bytes(tasks, self.plan.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn,
-                                 kv_splits=self.attn_splits if kv else 0, attn_block=e.attn_block)
-        if kv:   # attn_ring: each split's K / V offsets in the cache, per chunk (kog.engine.ring.kv_sources)
-            from kog.engine.ring import kv_sources
-            self.kvt = torch.tensor(kv_sources(tasks, self.plan.cta_start, H=H, I=I, QS=cfg.q_size,
-                                               block_k=e.block_k, bn=bn, kv_splits=self.attn_splits,
-                                               attn_block=e.attn_block, num_kv_heads=cfg.num_kv_heads,
-                                               max_seq=self.max_seq, head_dim=cfg.head_dim).reshape(-1),
-                                    dtype=torch.int64, device=self.device)
+        sizes = ring_chunk_bytes(tasks, self.plan.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_sz = torch.tensor(sizes if sizes.size else np.zeros(1, np.int32), dtype=torch.int32,
                                     device=self.device)
         self.ring_lo = torch.tensor(lo.astype(np.int32), dtype=torch.int32, device=self.device)
@@ -405,7 +394,7 @@ class Monokernel:
                            ptrs=dict(chunks_ptr=self.chunks, ring_lo_ptr=getattr(self, "ring_lo", None),
                                      gring_ptr=getattr(self, "gring", None), ring_sz_ptr=getattr(self, "ring_sz", None),
                                      rows4_ptr=getattr(self, "rows4", None), grow_ptr=getattr(self, "grow", None),
-                                     qkvt_ptr=self.qkvt, kvt_ptr=getattr(self, "kvt", None)))
+                                     qkvt_ptr=self.qkvt))
         return out, logits, args, meta
 
     def _compile(self, args, meta) -> None:

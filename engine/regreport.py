@@ -107,7 +107,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
             1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
             1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
     ptrs = dict(chunks_ptr=T(i32), ring_lo_ptr=T(i32), gring_ptr=T(dt), ring_sz_ptr=T(i32), rows4_ptr=T(i32),
-                grow_ptr=T(i32), qkvt_ptr=T(i64), kvt_ptr=T(i64))
+                grow_ptr=T(i32), qkvt_ptr=T(i64))
     meta = kernel_meta(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
                        sample=sample_mode(temperature, top_k, top_p), trace=trace,
                        tag_qkv=tagged_qkv(e), ptrs=ptrs)

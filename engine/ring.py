@@ -35,9 +35,9 @@ import triton
 import triton.language as tl
 
 from kog.engine.abort import record_abort
-from kog.engine.plan import T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV
-from kog.engine.vendor import (ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy, ring_copy_kv,
-                               ring_prefetch_l2, st_shared_b32)
+from kog.engine.plan import T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV
+from kog.engine.vendor import (ld_shared_b32, mbar_init, mbar_init_fence, mbar_wait, ring_copy, ring_prefetch_l2,
+                               st_shared_b32)
 
 BAR_BYTES = tl.constexpr(1024)   # the slots' mbarriers (8 bytes each) at the ring's start; slots follow
 # EngineConfig.row_prefetch = 2: the task rows in shared memory, two blocks of ROW_BLOCK compact rows (16 bytes
@@ -131,38 +131,25 @@ def natural_bases(num_layers: int, n_tiles: dict[int, int], dims: dict, block_k:
     return base
 
 
-def _cta_gemv_tasks(tasks: np.ndarray, cta_start: np.ndarray, kv: bool = False):
-    """(cta, type, layer, tile) of every task with ring chunks, each CTA's in the order it runs them: the GEMV
-    tasks, and (kv: EngineConfig.attn_ring) the attention splits, one K/V chunk each (barrier tasks have
-    none)."""
-    kinds = (T_QKV, T_O, T_GU, T_DOWN, T_LM, T_ATTN) if kv else (T_QKV, T_O, T_GU, T_DOWN, T_LM)
+def _cta_gemv_tasks(tasks: np.ndarray, cta_start: np.ndarray):
+    """(cta, type, layer, tile) of every GEMV task, each CTA's in the order it runs them (attention and
+    barrier tasks have no chunks)."""
     for c in range(len(cta_start) - 1):
         for ti in range(int(cta_start[c]), int(cta_start[c + 1])):
             typ, layer, tile = (int(x) for x in tasks[ti, :3])
-            if typ in kinds:
+            if typ in (T_QKV, T_O, T_GU, T_DOWN, T_LM):
                 yield c, typ, layer, tile
 
 
-# ring_order's natural index of an attention split's K/V chunk: no packed weights (the copy reads the KV cache),
-# pack_ring_weights gives it a zero block so every chunk keeps its slot-sized place in the packed buffer
-KV_CHUNK = -1
-
-
 def ring_order(tasks: np.ndarray, cta_start: np.ndarray, *, num_layers: int, n_tiles: dict[int, int],
-               H: int, I: int, QS: int, block_k: int, bn: dict[int, int], kv: bool = False
-               ) -> tuple[np.ndarray, np.ndarray]:
+               H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """(natural chunk index of every chunk in consumption order, first chunk of each CTA [grid + 1]) for the
-    monokernel's task table `tasks` ([T, >= 3]: type, layer, tile, ...). kv (EngineConfig.attn_ring): each
-    attention split takes one chunk, KV_CHUNK, in its place in the CTA's order."""
+    monokernel's task table `tasks` ([T, >= 3]: type, layer, tile, ...)."""
     dims = dict(H=H, I=I, QS=QS)
     base = natural_bases(num_layers, n_tiles, dims, block_k, bn)
     order = []
     counts = np.zeros(len(cta_start) - 1, dtype=np.int64)
-    for c, typ, layer, tile in _cta_gemv_tasks(tasks, cta_start, kv):
-        if typ == T_ATTN:
-            order.append(KV_CHUNK)
-            counts[c] += 1
-            continue
+    for c, typ, layer, tile in _cta_gemv_tasks(tasks, cta_start):
         nk = _nkc(typ, dims, block_k, bn)
         order.extend(range(base[(layer, typ)] + tile * nk, base[(layer, typ)] + (tile + 1) * nk))
         counts[c] += nk
@@ -216,45 +203,21 @@ def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: i
         nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], bkc[T_GU], slot, up=L["w_up"], tight=tight))
         nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], bkc[T_DOWN], slot, tight=tight))
     nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], bkc[T_LM], slot, tight=tight))
-    nat.append(torch.zeros_like(nat[-1][:1]))          # KV_CHUNK's block (never copied: the KV cache is)
     nat = torch.cat(nat, 0)
-    idx = torch.as_tensor(np.where(np.asarray(order) == KV_CHUNK, len(nat) - 1, order), device=nat.device)
+    idx = torch.as_tensor(order, device=nat.device)
     return nat.index_select(0, idx).reshape(-1)
 
 
 def ring_chunk_bytes(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int, QS: int, block_k: int,
-                     bn: dict[int, int], elem: int = 2, kv_splits: int = 0, attn_block: int = 0) -> np.ndarray:
+                     bn: dict[int, int], elem: int = 2) -> np.ndarray:
     """Bytes each chunk's bulk copy moves, in consumption order (ring_order's): rows x columns of the K step
-    (a short last step only its ne columns: the tight packing). The kernel reads it when RING_SIZES.
-    kv_splits > 0 (EngineConfig.attn_ring, that many splits per KV head): an attention split's K/V chunk is
-    -(1 + p0), p0 its first cache position; the kernel copies the positions below the token's own then."""
+    (a short last step only its ne columns: the tight packing). The kernel reads it when RING_SIZES."""
     dims = dict(H=H, I=I, QS=QS)
     out = []
-    for _, typ, _, tile in _cta_gemv_tasks(tasks, cta_start, kv_splits > 0):
-        if typ == T_ATTN:
-            out.append(-(1 + (tile % kv_splits) * attn_block))
-            continue
+    for _, typ, _, _ in _cta_gemv_tasks(tasks, cta_start):
         K, bkc, rows = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
         out.extend(rows * min(bkc, K - k0) * elem for k0 in range(0, K, bkc))
     return np.asarray(out, dtype=np.int32)
-
-
-def kv_sources(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int, QS: int, block_k: int,
-               bn: dict[int, int], kv_splits: int, attn_block: int, num_kv_heads: int, max_seq: int,
-               head_dim: int) -> np.ndarray:
-    """EngineConfig.attn_ring: [chunks, 2] int64, per chunk in consumption order the element offsets in the KV
-    cache ([L, 2, NKV, max_seq, HD]) of its split's first K and first V position (0 for weight chunks)."""
-    dims = dict(H=H, I=I, QS=QS)
-    kc_layer = num_kv_heads * max_seq * head_dim
-    out = []
-    for _, typ, layer, tile in _cta_gemv_tasks(tasks, cta_start, True):
-        if typ == T_ATTN:
-            g, split = divmod(tile, kv_splits)
-            k = layer * 2 * kc_layer + (g * max_seq + split * attn_block) * head_dim
-            out.append((k, k + kc_layer))
-        else:
-            out.extend([(0, 0)] * _nkc(typ, dims, block_k, bn))
-    return np.asarray(out, dtype=np.int64).reshape(-1, 2)
 
 
 def compact_rows(tasks: np.ndarray, early: np.ndarray | None = None) -> np.ndarray:
@@ -337,60 +300,32 @@ def ring_init(rbase, NS: tl.constexpr, VENDOR: tl.constexpr):
 
 @triton.jit
 def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS: tl.constexpr,
-              SLOTB: tl.constexpr, SIZES: tl.constexpr, VENDOR: tl.constexpr, PF: tl.constexpr = 0,
-              KVR: tl.constexpr = False, cache_ptr=None, kvt_ptr=None, pos0=0, BSKV: tl.constexpr = 0,
-              HDK: tl.constexpr = 0):
+              SLOTB: tl.constexpr, SIZES: tl.constexpr, VENDOR: tl.constexpr, PF: tl.constexpr = 0):
     """Request chunks until NS are outstanding beyond the consumer (cn) or the launch's last chunk (pmax) is
     requested; returns the producer cursor. Chunk n is CTA-local chunk n % nch of the packed weights (one
     slot-sized block; SIZES: it moves sz_ptr[chunk] bytes, the tight packing's short last K steps).
     PF > 0 (EngineConfig.prefetch with the ring): with each chunk's copy, chunk n + PF is L2-prefetched, so
     HBM keeps working PF chunks beyond the ring while the CTA waits on a dependency (the ring alone holds
     NS chunks, ~6 us of a CTA's share of the stream at 3 x 32 KB).
-    KVR (EngineConfig.attn_ring): a chunk whose size entry is -(1 + p0) is an attention split's K/V block,
-    copied from the KV cache (kvt_ptr: its K and V element offsets) into the slot's halves: the cache
-    positions in [p0, p0 + BSKV) below the chunk's token's own (pos0 + its token index), written by
-    earlier tokens; the split reads them from shared memory instead of waiting on HBM after its q/k/v wait.
     Callers have consumed chunks < cn completely: the CTA barrier first makes every thread's reads of those
     slots happen-before their refill."""
     SLOTE: tl.constexpr = SLOTB // 2
     tl.debug_barrier()
     while (pn < cn + NS) & (pn < pmax):
-        ci = c_lo + pn % nch
-        src = w_ptr + ci.to(tl.int64) * SLOTE
+        src = w_ptr + (c_lo + pn % nch).to(tl.int64) * SLOTE
         slot = pn % NS
         if VENDOR == 1:
             if SIZES:
-                nb = tl.load(sz_ptr + ci)
+                nb = tl.load(sz_ptr + c_lo + pn % nch)
             else:
                 nb = SLOTB
-            dst = _slot_addr(rbase, slot, SLOTB)
-            if KVR:
-                if nb < 0:
-                    npos = tl.minimum(tl.maximum(pos0 + pn // nch - (-nb - 1), 0), BSKV)
-                    ring_copy_kv(dst, cache_ptr + tl.load(kvt_ptr + 2 * ci), cache_ptr + tl.load(kvt_ptr + 2 * ci + 1),
-                                 npos * (HDK * 2), rbase + slot * 8, dst + BSKV * HDK * 2, VENDOR)
-                else:
-                    ring_copy(dst, src, nb, rbase + slot * 8, VENDOR)
-            else:
-                ring_copy(dst, src, nb, rbase + slot * 8, VENDOR)
+            ring_copy(_slot_addr(rbase, slot, SLOTB), src, nb, rbase + slot * 8, VENDOR)
             if PF > 0:
                 if pn + PF < pmax:       # whole slots: a tight short chunk's block is padded to one
                     ring_prefetch_l2(w_ptr + (c_lo + (pn + PF) % nch).to(tl.int64) * SLOTE, SLOTB, VENDOR)
         else:                # interpreter: the same slot in a global-memory ring, copied at once
             e = tl.arange(0, SLOTE)
-            if KVR:
-                nb = tl.load(sz_ptr + ci)
-                if nb < 0:
-                    npos = tl.minimum(tl.maximum(pos0 + pn // nch - (-nb - 1), 0), BSKV)
-                    HALF: tl.constexpr = BSKV * HDK
-                    kp = tl.load(cache_ptr + tl.load(kvt_ptr + 2 * ci) + e, mask=e < npos * HDK, other=0.0)
-                    vp = tl.load(cache_ptr + tl.load(kvt_ptr + 2 * ci + 1) + (e - HALF),
-                                 mask=(e >= HALF) & (e < HALF + npos * HDK), other=0.0)
-                    tl.store(gring_ptr + (cta * NS + slot) * SLOTE + e, tl.where(e < HALF, kp, vp))
-                else:
-                    tl.store(gring_ptr + (cta * NS + slot) * SLOTE + e, tl.load(src + e))
-            else:
-                tl.store(gring_ptr + (cta * NS + slot) * SLOTE + e, tl.load(src + e))
+            tl.store(gring_ptr + (cta * NS + slot) * SLOTE + e, tl.load(src + e))
         pn += 1
     return pn
 

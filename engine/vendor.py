@@ -241,40 +241,6 @@ def ring_copy(dst, src, nbytes, bar, VENDOR: tl.constexpr):
                                   is_pure=False, pack=1)
 
 
-# EngineConfig.attn_ring: thread 0 fills a slot with an attention split's K block ($2 -> shared $1) and V block
-# ($3 -> shared $6), $4 bytes each, completing both on the slot's mbarrier $5 (expect_tx of 2 x $4); a split
-# with no cached positions yet ($4 = 0) only arrives, so its phase completes at once.
-RING_COPY_KV_PTX = tl.constexpr(
-    "{\n.reg .pred %kp, %kz;\n.reg .u32 %kt, %k2;\n.reg .b64 %ks, %kq;\nmov.u32 $0, 0;\nmov.u32 %kt, %tid.x;\n"
-    "setp.ne.u32 %kp, %kt, 0;\n@%kp bra K_END;\n"
-    "fence.proxy.async.shared::cta;\n"
-    "setp.eq.u32 %kz, $4, 0;\n@%kz mbarrier.arrive.shared::cta.b64 %ks, [$5];\n@%kz bra K_END;\n"
-    "createpolicy.fractional.L2::evict_first.b64 %kq, 1.0;\n"
-    "add.u32 %k2, $4, $4;\n"
-    "mbarrier.arrive.expect_tx.shared::cta.b64 %ks, [$5], %k2;\n"
-    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [$1], [$2], $4, [$5], %kq;\n"
-    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [$6], [$3], $4, [$5], %kq;\n"
-    "K_END:\n}")
-
-
-@triton.jit
-def ring_copy_kv(dst_k, k_src, v_src, nbytes, bar, dst_v, VENDOR: tl.constexpr):
-    """Thread 0: an attention split's K and V blocks (nbytes each, multiples of 16, 16-byte aligned) into one
-    slot (RING_COPY_KV_PTX). NVIDIA sm_90 only."""
-    if VENDOR == 1:
-        tl.inline_asm_elementwise(RING_COPY_KV_PTX, "=r,r,l,l,r,r,r", [dst_k, k_src, v_src, nbytes, bar, dst_v],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def fence_proxy_async_global(VENDOR: tl.constexpr):
-    """Order this thread's earlier generic-proxy global writes before later async-proxy (bulk copy) reads of
-    them: the attention split's KV-cache write, which a later token's K/V chunk copies (attn_ring)."""
-    if VENDOR == 1:
-        tl.inline_asm_elementwise("fence.proxy.async.global;\nmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
 # Thread 0: ask the L2 to fetch $2 bytes at global $1 (cp.async.bulk.prefetch: one instruction for a whole
 # chunk, no registers, no completion to wait for: a hint the copy that later reads them hits in L2).
 RING_PREFETCH_PTX = tl.constexpr(
@@ -316,13 +282,6 @@ def mbar_wait(bar, parity, max_spin, VENDOR: tl.constexpr):
 def ld_shared_b32(addr, VENDOR: tl.constexpr):
     """32-bit words from shared addresses (a tensor of them); NVIDIA only."""
     return tl.inline_asm_elementwise("ld.shared.b32 $0, [$1];", "=r,r", [addr], dtype=tl.int32, is_pure=False,
-                                     pack=1)
-
-
-@triton.jit
-def ld_shared_b16(addr, VENDOR: tl.constexpr):
-    """16-bit words from shared addresses (a tensor of them); NVIDIA only."""
-    return tl.inline_asm_elementwise("ld.shared.b16 $0, [$1];", "=h,r", [addr], dtype=tl.int16, is_pure=False,
                                      pack=1)
 
 

@@ -256,21 +256,6 @@ def test_weight_ring_blocked_prefetch_matches_reference(mode):
     assert got == ref and err < 1e-4
 
 
-@pytest.mark.parametrize("cfg, mode, block, tile, prompt", [(RING_WHOLE, "targeted", 32, 16, list(range(5, 25))),
-                                                             (RING_WHOLE, "grid", 16, 0, list(range(3, 20))),
-                                                             (RING_SHORT, "targeted", 16, 0, [5, 17, 33, 2, 9])])
-def test_attn_ring_matches_reference(cfg, mode, block, tile, prompt):
-    """attn_ring: each attention split's cached K/V block is a ring chunk (copied from the cache, positions
-    below the token's own, into the slot's K and V halves) and the split reads it from the slot; the new
-    position's k/v still enter from registers and reach the cache for the next tokens, which copy them.
-    Prompts cross split boundaries while decoding (positions 20-24 over splits of 16 / 32), splits walk
-    tiles (attn_tile 16 of 32), and RING_SHORT mixes the short-step size table with the K/V entries."""
-    e = SMALL_TILES.replace(mode=mode, weight_ring=3, block_k=128, row_prefetch=2, attn_block=block, attn_tile=tile,
-                            attn_ring=1, **EQUAL_BN)
-    ref, got, err = run_both(cfg, torch.float32, e, prompt)
-    assert got == ref and err < 1e-4
-
-
 @pytest.mark.parametrize("mode, block, tile, prompt", [("targeted", 32, 16, list(range(5, 25))),
                                                        ("grid", 64, 16, list(range(3, 40)))])
 def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):
@@ -357,28 +342,6 @@ def test_weight_ring_order_packing_and_validation():
     sizes = ring_chunk_bytes(tasks, np.array([0, 3, 5]), H=H, I=I, QS=QS, block_k=128, bn=bn)
     assert sizes.tolist() == [8 * 64 * 2, 16 * 64 * 2, 8 * 128 * 2, 8 * 128 * 2, 8 * 64 * 2, 8 * 64 * 2]
     assert ring_bytes(3, block_k=128, bn=bn) == 1024 + 3 * slot * 2
-    # attn_ring: the attention split takes one K/V chunk in its place (no weights: a zero block in the packing),
-    # its size entry -(1 + p0) and its cache offsets in kv_sources ([L, 2, NKV, max_seq, HD] cache)
-    from kog.engine.ring import KV_CHUNK, kv_sources
-    kv_tasks = np.array([[T_QKV, 1, 3], [T_ATTN, 1, 5], [T_GU, 0, 5], [T_DOWN, 1, 2], [T_LM, 2, 1]])
-    korder, klo = ring_order(kv_tasks, np.array([0, 3, 5]), num_layers=2, n_tiles=tiles, H=H, I=I, QS=QS,
-                             block_k=128, bn=bn, kv=True)
-    assert klo.tolist() == [0, 3, 7] and korder.tolist() == order.tolist()[:1] + [KV_CHUNK] + order.tolist()[1:]
-    kpacked = pack_ring_weights(w, 2, korder, block_k=128, bn=bn).view(len(korder), slot)
-    assert not kpacked[1].any() and torch.equal(kpacked[2], packed[1])
-    ksizes = ring_chunk_bytes(kv_tasks, np.array([0, 3, 5]), H=H, I=I, QS=QS, block_k=128, bn=bn, kv_splits=4,
-                              attn_block=16)
-    assert ksizes.tolist() == sizes.tolist()[:1] + [-(1 + 1 * 16)] + sizes.tolist()[1:]   # tile 5 = head 1, split 1
-    src = kv_sources(kv_tasks, np.array([0, 3, 5]), H=H, I=I, QS=QS, block_k=128, bn=bn, kv_splits=4, attn_block=16,
-                     num_kv_heads=cfg.num_kv_heads, max_seq=64, head_dim=cfg.head_dim)
-    kc = cfg.num_kv_heads * 64 * cfg.head_dim
-    k1 = 1 * 2 * kc + (1 * 64 + 16) * cfg.head_dim
-    assert src.shape == (7, 2) and src[1].tolist() == [k1, k1 + kc] and not src[[0, 2, 3, 4, 5, 6]].any()
-    with pytest.raises(ConfigError, match="attn_ring"):
-        EngineConfig(attn_ring=1).validate(TINY)                                         # no ring
-    with pytest.raises(ConfigError, match="one ring slot"):
-        EngineConfig(weight_ring=2, block_k=128, attn_ring=1, attn_block=512).validate(TINY)
-    assert EngineConfig(weight_ring=2, block_k=128, attn_ring=1, attn_block=16).attn_layout(64 * 512)[0].attn_ring == 0
     with pytest.raises(ConfigError, match="weight_ring"):
         EngineConfig(weight_ring=2, block_k=64).validate(TINY)
     with pytest.raises(ConfigError, match="weight_ring"):

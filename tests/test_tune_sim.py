@@ -88,7 +88,7 @@ def test_engine_table_is_tidy_and_matches_bench_json():
     assert len(df) >= 35
     # the table predates the off-by-default knobs (0 in every row)
     fields = set(EngineConfig.__dataclass_fields__) - {"max_spin", "blocked_prefetch", "row_prefetch", "pipeline_stages",
-                                                      "flat_loop", "tp_compat", "weight_ring", "attn_tile", "attn_ring"}
+                                                      "flat_loop", "tp_compat", "weight_ring", "attn_tile"}
     assert fields <= set(df.columns)
     assert {"engine_commit", "source", "model", "tok_s", "regs", "spills", "bd_streaming"} <= set(df.columns)
     assert set(df["model"]) == {"llama-3.2-1b", "sheared-llama-2.7b"}
