@@ -788,40 +788,6 @@ def _tag_store(ptr, offs, y, t1):
 
 
 @triton.jit
-def _attn_block_fma(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, G: tl.constexpr, GP: tl.constexpr,
-                    BT: tl.constexpr):
-    """_attn_block on CUDA cores (kog.engine.plan.ATTN_FMA): per query head of the KV group, the scores are K q
-    (a [BT, HD] product reduced over HD) and the output gains p V (reduced over BT), in float32 from the same
-    rounded operands (q and p in the model dtype, the scores rounded to it as HF's bf16 q @ k^T), with no
-    tl.dot: at batch 1 a split's dot is [GP >= 16 padded rows, BT] for G real rows, and its tile's time was
-    most of a full split's 5 us on the H200 (bench/h200/ENGINE_NOTES.md, session 11)."""
-    DT: tl.constexpr = kb.dtype
-    t = tl.arange(0, BT)
-    valid = (p0 + t) < pos
-    kf = kb.to(tl.float32)
-    vf = tl.where(valid[:, None], vb.to(tl.float32), 0.0)
-    qf = qb.to(tl.float32)
-    gq = tl.arange(0, GP)
-    for gi in tl.static_range(G):
-        sel = gq == gi
-        qg = tl.sum(tl.where(sel[:, None], qf, 0.0), axis=0)                        # [HD]
-        s = tl.sum(kf * qg[None, :], axis=1).to(DT).to(tl.float32) * sm_scale      # [BT]
-        s = tl.where(valid, s, float("-inf"))
-        m_old = tl.max(tl.where(sel, m_i, float("-inf")), axis=0)
-        l_old = tl.sum(tl.where(sel, l_i, 0.0), axis=0)
-        m_new = tl.maximum(m_old, tl.max(s, axis=0))
-        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_old - m_new))
-        p = tl.where(s == float("-inf"), 0.0, tl.exp(s - m_new))
-        l_new = l_old * alpha + tl.sum(p, axis=0)
-        pv = tl.sum(p.to(DT).to(tl.float32)[:, None] * vf, axis=0)                 # [HD]
-        a_old = tl.sum(tl.where(sel[:, None], acc, 0.0), axis=0)
-        acc = tl.where(sel[:, None], (a_old * alpha + pv)[None, :], acc)
-        m_i = tl.where(sel, m_new, m_i)
-        l_i = tl.where(sel, l_new, l_i)
-    return m_i, l_i, acc
-
-
-@triton.jit
 def _qkv_val(ptr, offs, mask, TAG: tl.constexpr):
     """qkv values at offs: the fp32 activation buffer, or (TAG) the tagged buffer's 64-bit words (low half:
     the value's bits, high half: the token tag; _tag_store), read from L2."""
@@ -891,7 +857,7 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
 @triton.jit
 def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0, qn_ptr, kn_ptr, g, split, pos,
                 eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
-                QK_NORM: tl.constexpr, BSP: tl.constexpr = 0, FMA: tl.constexpr = False):
+                QK_NORM: tl.constexpr, BSP: tl.constexpr = 0):
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
     positions [p0, p0 + BSP) that precede pos, plus the new position pos when it falls in this split. Writes
     the split's softmax partial (acc, m, l) for the combine. The positions go through tl.dot in tiles of BT
@@ -927,18 +893,12 @@ def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0,
         l_i = tl.full([GP], 1.0, tl.float32)
         acc = tl.zeros([GP, HD], dtype=tl.float32) + v[None, :]
     if p0 < pos:
-        if FMA:
-            m_i, l_i, acc = _attn_block_fma(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, G, GP, BT)
-        else:
-            m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+        m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
     for t0 in range(BT, SPAN, BT):      # attn_tile: the split's later tiles (none when SPAN == BT)
         # loaded in turn (loading the next during the current one spilled: 255 registers)
         if p0 + t0 < pos:
             kb, vb = _cache_block(kbase, vbase, p0 + t0, pos, HD, BT)
-            if FMA:
-                m_i, l_i, acc = _attn_block_fma(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, G, GP, BT)
-            else:
-                m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
+            m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
     base = part_ptr + (g * S + split) * GP * (HD + 2)
     tl.store(base + gq[:, None] * HD + d[None, :], acc)
     tl.store(base + GP * HD + gq, m_i)
@@ -1127,8 +1087,6 @@ def monokernel(
     # EngineConfig.attn_tile > 0: BT is the attention's tl.dot tile (attn_tile) and BS the cache positions per
     # split (attn_block), which a split walks tile by tile; 0: a split is one tile of BT positions
     BS: tl.constexpr = 0,
-    # kog.engine.plan.ATTN_FMA: the attention's tile updates on CUDA cores (_attn_block_fma), not tl.dot
-    ATTN_FMA: tl.constexpr = False,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -1346,7 +1304,7 @@ def monokernel(
                         _attn_split(q, qs, kn, ksn, vn, cs, sn, part_ptr, kbase, kbase + kc_layer, kb0, vb0, p0,
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
-                                    attn_S, HD, G, GP, BT, QK_NORM, SPLIT, ATTN_FMA)
+                                    attn_S, HD, G, GP, BT, QK_NORM, SPLIT)
                     tl.debug_barrier()
                     # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
                     # skips the qkv wait and arrives at once, possibly before the previous layer's splits of

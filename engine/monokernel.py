@@ -77,9 +77,6 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
                 num_warps=e.num_warps)
     if e.attn_tile:         # a split walks attn_block / attn_tile tiles (kernel: BS)
         meta["BS"] = e.attn_block
-    from kog.engine import plan as plan_mod
-    if plan_mod.ATTN_FMA:   # only then: kernel files that predate the flag still launch
-        meta["ATTN_FMA"] = True
     if e.flat_loop:      # only then: the kernel's other callers (and older kernel files) never see them
         meta.update(FLAT=True, chunks_ptr=ptrs["chunks_ptr"])
     if e.tp_compat > 1:

@@ -39,11 +39,6 @@ def tagged_qkv(ecfg: EngineConfig) -> bool:
     launcher's buffers and regreport's launch both ask here."""
     return bool(ecfg.weight_ring) and TAGGED_QKV
 
-# The attention split's tile update on CUDA cores (kernel._attn_block_fma: per query head, K q and p V as
-# float32 products reduced in registers) instead of tl.dot's [GP >= 16, BT] tiles for G real query rows.
-# Read at launch (kog.engine.monokernel.kernel_meta: a constexpr); bench/engine_check.py: "_ATTN_FMA"
-ATTN_FMA = False
-
 # O and down tasks load their residual rows (h for O, O's output for down) BEFORE they wait for their input,
 # where the plan proves those rows ready: the CTA ran a qkv (for O) or gate_up (for down) task of the same
 # layer earlier in the token, and those wait for their whole RMS-normed input, which is that residual. The

@@ -256,21 +256,6 @@ def test_weight_ring_blocked_prefetch_matches_reference(mode):
     assert got == ref and err < 1e-4
 
 
-@pytest.mark.parametrize("cfg, mode, ring, tile", [(TINY, "targeted", 0, 0), (RING_WHOLE, "grid", 3, 16),
-                                                   (RING_WHOLE, "targeted", 2, 0)])
-def test_attn_fma_matches_reference(monkeypatch, cfg, mode, ring, tile):
-    """plan.ATTN_FMA: the attention's tile updates on CUDA cores, per query head of the group (TINY: 2 query
-    heads per KV head), with and without the ring, splits of one tile and of two (attn_tile 16 of 32): the
-    tokens and logits are the reference's."""
-    import kog.engine.plan as plan
-    monkeypatch.setattr(plan, "ATTN_FMA", True)
-    e = SMALL_TILES.replace(mode=mode, attn_block=32, attn_tile=tile)
-    if ring:
-        e = e.replace(weight_ring=ring, block_k=128, row_prefetch=2, **EQUAL_BN)
-    ref, got, err = run_both(cfg, torch.float32, e, list(range(5, 25)))
-    assert got == ref and err < 1e-4
-
-
 @pytest.mark.parametrize("mode, block, tile, prompt", [("targeted", 32, 16, list(range(5, 25))),
                                                        ("grid", 64, 16, list(range(3, 40)))])
 def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):
