@@ -3,6 +3,7 @@ llama-3.2-1b in both sync modes (compile time, teacher-forced error, greedy agre
 and a small tiling sweep. Writes $OUT/engine_check.json as it goes (partial results survive a timeout).
 
 python3 bench/engine_check.py [--quick] [--model PRESET (the sweep's model; default llama-3.2-1b)]
+    [--sweep-only --grid-json '[{...}]' [--check --ref-fp32] [--save-timeline [--attn-stamps]]]
 """
 from __future__ import annotations
 
@@ -129,7 +130,9 @@ def plan_flags(flags):
 def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
     cfg, w = llama_1b()
     prompt = list(range(100, 164))
-    mk = Monokernel(cfg, w, ecfg, max_seq=640, trace_tokens=8 if trace else 0)
+    # --attn-stamps: traced runs also stamp each attention split's sub-steps (kog.engine.trace.attn_stamps_table)
+    mk = Monokernel(cfg, w, ecfg, max_seq=640, trace_tokens=8 if trace else 0,
+                    attn_stamps="--attn-stamps" in sys.argv)
     mk.n_eos = 0
     mk.generate(prompt, n)            # warm-up: compile (n's integer specialization too), module load, first touch
     rates = []
@@ -142,8 +145,11 @@ def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
     if trace:
         b = mk.breakdown(prompt, n=32)
         table = b.pop("table", None)
+        attn = b.pop("attn_table", None)
         if timeline and table is not None:     # the raw per-task trace, for bench/layer_anatomy-style analysis
             table.assign(system=timeline).to_parquet(f"{OUT}/timeline_{timeline}.parquet")
+        if timeline and attn is not None:
+            attn.to_parquet(f"{OUT}/attn_{timeline}.parquet")
         res["breakdown"] = b
     return res
 

@@ -41,8 +41,8 @@ from kog.engine.abort import record_abort
 from kog.engine.ring import (ROW_BLOCK, ring_drain, ring_fill, ring_init, ring_prefetch_ahead, ring_tile, ring_wait,
                              row_read, rows_load, rows_store)
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
-from kog.engine.vendor import (dyn_smem_size, global_time_ns, poll_acquire, release_counter, sm_id, smem_base,
-                               wait_counters)
+from kog.engine.vendor import (dyn_smem_size, global_time_after, global_time_ns, poll_acquire, release_counter,
+                               sm_id, smem_base, wait_counters)
 
 # Activation numerics, fixed per process. Default: activations stay float32 from step to step (the model's
 # math on the checkpoint's weights; what is rounded to the model dtype is what must be: the KV cache, and q
@@ -926,6 +926,23 @@ def _attn_combine(part_ptr, attn_ptr, g, n_act, S, HD: tl.constexpr, G: tl.const
 
 
 @triton.jit
+def _attn_stamp(atr_ptr, cta, n, cap, t_start, t_wait, t_in, t_split, t_arr, t_end, merged, step, ti):
+    """One attention split's sub-steps (Monokernel(attn_stamps=True)): task start, input wait over, q/k/v
+    read, split math done (its partials stored), arrival counted, end (after the merge if it merged); 1 + whether
+    it merged; step << 40 | task index. An empty split's wait / inputs / math stamps are its start.
+    kog.engine.trace.attn_stamps_table reads them."""
+    b = atr_ptr + (tl.cast(cta, tl.int64) * cap + n) * 8
+    tl.store(b + 0, t_start)
+    tl.store(b + 1, t_wait)
+    tl.store(b + 2, t_in)
+    tl.store(b + 3, t_split)
+    tl.store(b + 4, t_arr)
+    tl.store(b + 5, t_end)
+    tl.store(b + 6, merged.to(tl.int64) + 1)     # 1: a record (clocks read 0 in the interpreter), 2: merged
+    tl.store(b + 7, (tl.cast(step, tl.int64) << 40) | tl.cast(ti, tl.int64))
+
+
+@triton.jit
 def _trace(trace_ptr, cta, tr, trace_cap, t_start, waited, ti, step, VENDOR: tl.constexpr):
     """One record per task: start ns, end ns, ns spent waiting, (step << 40 | smid << 24 | task index)."""
     t_end = global_time_ns(VENDOR)
@@ -1087,6 +1104,9 @@ def monokernel(
     # EngineConfig.attn_tile > 0: BT is the attention's tl.dot tile (attn_tile) and BS the cache positions per
     # split (attn_block), which a split walks tile by tile; 0: a split is one tile of BT positions
     BS: tl.constexpr = 0,
+    # Monokernel(attn_stamps=True) on a traced launch: each attention split of the first trace_tokens tokens
+    # records its sub-steps (_attn_stamp) in atr_ptr [grid, cap, 8]
+    ATRACE: tl.constexpr = False, atr_ptr=None, atr_cap=0,
 ):
     QS: tl.constexpr = (NKV * G) * HD
     KVS: tl.constexpr = NKV * HD
@@ -1141,6 +1161,8 @@ def monokernel(
         xc_l = tl.zeros([BKC_X // 2], dtype=tl.float32)
         xc_h = tl.zeros([BKC_X // 2], dtype=tl.float32)
         xc_key = tl.full([], -1, tl.int64)
+    if ATRACE:
+        atr_n = 0        # attention records written by this CTA
     for step in range(0, n_tokens):
         t1 = step + 1
         pos = pos0 + step
@@ -1273,6 +1295,10 @@ def monokernel(
                     if window > 0:
                         p_lo = tl.maximum(pos - window + 1, 0)
                     p0 = p_lo + split * SPLIT
+                    if ATRACE:       # an empty split (p0 > pos) keeps these: no wait, no inputs, no math
+                        a_wait = t_start
+                        a_in = t_start
+                        a_split = t_start
                     if p0 <= pos:
                         # before the wait: all that does not depend on this token's q/k/v
                         kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
@@ -1297,7 +1323,12 @@ def monokernel(
                                 rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
                                                     QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr, max_spin,
                                                     ti, w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
+                        if ATRACE:
+                            a_wait = global_time_ns(VENDOR)
                         q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS, TAGQKV)
+                        if ATRACE:
+                            a_in = global_time_after(tl.sum(tl.sum(q, axis=1), axis=0).to(tl.int32, bitcast=True),
+                                                     VENDOR)
                         if WAIT:
                             if TRACE:
                                 waited = global_time_ns(VENDOR) - t_start
@@ -1305,17 +1336,26 @@ def monokernel(
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 1),
                                     small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
                                     attn_S, HD, G, GP, BT, QK_NORM, SPLIT)
+                        if ATRACE:
+                            a_split = global_time_ns(VENDOR)
                     tl.debug_barrier()
                     # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
                     # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
                     # this head have all arrived; on a counter shared by the layers that early arrival made
                     # the previous layer's real last split miss its turn (no merge, no release: deadlock)
                     old = tl.atomic_add(sync_ptr + S_ARR + layer * NKV + g, 1, sem="acq_rel", scope="gpu")
+                    if ATRACE:
+                        a_arr = global_time_after(old, VENDOR)
                     if old == (step + 1) * attn_S - 1:
                         n_act = tl.minimum((pos - p_lo) // SPLIT + 1, attn_S)
                         _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
                                       GH, SP, DT)
                         pend_n += 1
+                    if ATRACE:
+                        if (step < trace_tokens) & (atr_n < atr_cap):
+                            _attn_stamp(atr_ptr, cta, atr_n, atr_cap, t_start, a_wait, a_in, a_split, a_arr,
+                                        global_time_ns(VENDOR), old == (step + 1) * attn_S - 1, step, ti)
+                            atr_n += 1
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
                     # the residual before the input wait where the plan proves it ready (plan.early_residual)

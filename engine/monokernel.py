@@ -21,7 +21,7 @@ import torch
 
 from kog.engine.config import ConfigError, ModelConfig
 from kog.engine.engine_config import EngineConfig, fits, sm90_default
-from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_BAR, TASK_NAMES, Plan,
+from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_ATTN, T_BAR, TASK_NAMES, Plan,
                              make_plan)
 from kog.engine.sampling import sample_mode
 from kog.engine.vendor import INTERPRET, ctas_per_sm_fit, vendor_code
@@ -42,7 +42,6 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
     """Column 3 of the task table for pipelined GEMV runs (EngineConfig.pipeline_stages): at the first task of
     each maximal run of consecutive tasks of one CTA with the same type, layer, release counter and wait base,
     the run's length; 0 at the run's other tasks (the kernel's run loop executes them)."""
-    from kog.engine.plan import T_ATTN, T_BAR
     n = np.zeros(len(rows), dtype=np.int64)
     key = rows[:, [0, 1, 6, 7]]
     for c in range(len(cta_start) - 1):
@@ -58,7 +57,7 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
 
 
 def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: int, vendor: int, sample: int,
-                trace: bool, tag_qkv: bool, ptrs: dict[str, Any]) -> dict[str, Any]:
+                trace: bool, tag_qkv: bool, ptrs: dict[str, Any], attn_stamps: bool = False) -> dict[str, Any]:
     """The keyword arguments of one monokernel launch: its constexprs (shapes, tiling, modes, the ring's slot
     and chunk widths), the optional pointers (`ptrs`: chunks_ptr, ring_lo_ptr, gring_ptr, ring_sz_ptr,
     rows4_ptr, grow_ptr, qkvt_ptr, each passed only where the config uses it, so kernel files that predate a
@@ -77,6 +76,8 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
                 num_warps=e.num_warps)
     if e.attn_tile:         # a split walks attn_block / attn_tile tiles (kernel: BS)
         meta["BS"] = e.attn_block
+    if trace and attn_stamps:    # the attention splits' sub-step stamps (Monokernel(attn_stamps=True))
+        meta.update(ATRACE=True, atr_ptr=ptrs["atr_ptr"], atr_cap=ptrs["atr_cap"])
     if e.flat_loop:      # only then: the kernel's other callers (and older kernel files) never see them
         meta.update(FLAT=True, chunks_ptr=ptrs["chunks_ptr"])
     if e.tp_compat > 1:
@@ -106,7 +107,7 @@ class Monokernel:
 
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
-                 trace_tokens: int = 0, compile_only: bool = False):
+                 trace_tokens: int = 0, compile_only: bool = False, attn_stamps: bool = False):
         from kog.engine.reference import Reference
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
@@ -135,6 +136,8 @@ class Monokernel:
         self.ecfg, self.attn_splits = self.ecfg.attn_layout(span)
         self.plan: Plan = make_plan(cfg, self.ecfg, sms, sm_partition, self.attn_splits)
         self.trace_tokens = trace_tokens
+        # traced launches also stamp each attention split's sub-steps (kog.engine.trace.attn_stamps_table)
+        self.attn_stamps = bool(attn_stamps) and trace_tokens > 0
         # compile_only (kog.tune.objective.precompile_one): the streamed weight buffer is a placeholder of the
         # same dtype and alignment, so the kernel compiles to the same variant without a packed copy of the
         # weights per compile process (14 of them beside the measuring worker exhausted an H200's memory).
@@ -253,6 +256,10 @@ class Monokernel:
         self.trace_cap = int(np.max(p.cta_start[1:] - p.cta_start[:-1])) * max(self.trace_tokens, 1)
         self.trace = torch.zeros((p.grid, self.trace_cap, 4) if self.trace_tokens else (1, 1, 4),
                                  dtype=torch.int64, device=dev)
+        n_attn = np.bincount(np.repeat(np.arange(p.grid), np.diff(p.cta_start)),
+                             weights=(p.tasks[:, 0] == T_ATTN), minlength=p.grid)
+        self.atr_cap = int(n_attn.max()) * max(self.trace_tokens, 1) if self.attn_stamps else 1
+        self.atr = torch.zeros((p.grid if self.attn_stamps else 1, self.atr_cap, 8), dtype=torch.int64, device=dev)
 
     def _ring_tables(self, tasks: np.ndarray) -> None:
         """Weight ring (kog.engine.ring): the GEMV weights repacked as each CTA's chunks in consumption order
@@ -394,7 +401,8 @@ class Monokernel:
                            ptrs=dict(chunks_ptr=self.chunks, ring_lo_ptr=getattr(self, "ring_lo", None),
                                      gring_ptr=getattr(self, "gring", None), ring_sz_ptr=getattr(self, "ring_sz", None),
                                      rows4_ptr=getattr(self, "rows4", None), grow_ptr=getattr(self, "grow", None),
-                                     qkvt_ptr=self.qkvt))
+                                     qkvt_ptr=self.qkvt, atr_ptr=self.atr, atr_cap=self.atr_cap),
+                           attn_stamps=self.attn_stamps)
         return out, logits, args, meta
 
     def _compile(self, args, meta) -> None:
@@ -533,6 +541,7 @@ class Monokernel:
         toks = toks[:ntok]
         if trace:
             self._last_trace = self.trace.cpu().numpy()
+            self._last_atr = self.atr.cpu().numpy() if self.attn_stamps else None
             self._last_ms_per_token = dt * 1e3 / max(ntok, 1)
         return toks, dt
 
@@ -564,6 +573,9 @@ class Monokernel:
         _, plain = self.generate(prompt, n)
         _, traced = self.generate(prompt, n, trace=True)
         out = breakdown_from_trace(self._last_trace, self.plan, self._last_ms_per_token * 1e-3, self.trace_tokens)
+        if self.attn_stamps:
+            from kog.engine.trace import attn_stamps_table
+            out["attn_table"] = attn_stamps_table(self._last_atr, self.plan)
         out["trace_overhead"] = traced / plain - 1.0
         out["untraced_seconds_per_token"] = plain / n
         return out

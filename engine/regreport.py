@@ -56,7 +56,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 prompt_len: int = 64, tokens: int = 512, max_seq: int | None = None, n_eos: int = 0,
                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                 trace: bool = False, trace_tokens: int = 8, write_logits: bool = False,
-                forced: bool = False) -> tuple[tuple, dict[str, Any]]:
+                forced: bool = False, attn_stamps: bool = False) -> tuple[tuple, dict[str, Any]]:
     """(args, meta) exactly as Monokernel._launch builds them for one launch, with every tensor replaced by
     a triton MockTensor of the same dtype (the launcher's tensors are fresh allocations: 16-byte aligned).
 
@@ -107,10 +107,10 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
             1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
             1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
     ptrs = dict(chunks_ptr=T(i32), ring_lo_ptr=T(i32), gring_ptr=T(dt), ring_sz_ptr=T(i32), rows4_ptr=T(i32),
-                grow_ptr=T(i32), qkvt_ptr=T(i64))
+                grow_ptr=T(i32), qkvt_ptr=T(i64), atr_ptr=T(i64), atr_cap=trace_cap)
     meta = kernel_meta(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
                        sample=sample_mode(temperature, top_k, top_p), trace=trace,
-                       tag_qkv=tagged_qkv(e), ptrs=ptrs)
+                       tag_qkv=tagged_qkv(e), ptrs=ptrs, attn_stamps=attn_stamps)
     return args, meta
 
 
@@ -428,6 +428,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--trace", action="store_true", help="the instrumented (TRACE) variant")
+    ap.add_argument("--attn-stamps", action="store_true",
+                    help="with --trace: the attention splits' sub-step stamps too (Monokernel(attn_stamps=True))")
     ap.add_argument("--sass", action="store_true", help="disassemble and count LDG widths and LDL/STL")
     ap.add_argument("--keep", metavar="DIR", default=None, help="write ttgir/llir/ptx/cubin/ptxas.log (and SASS) here")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -454,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run([sys.executable, "-m", "kog.engine.regreport", *argv], env=env).returncode
     r = regreport(cfg, ecfg, maxnreg=a.maxnreg, sms=a.sms, sass=a.sass, keep_dir=a.keep, kernel=a.kernel,
                   max_seq=a.max_seq, prompt_len=a.prompt_len, tokens=a.tokens, temperature=a.temperature, top_k=a.top_k,
-                  top_p=a.top_p, trace=a.trace)
+                  top_p=a.top_p, trace=a.trace, attn_stamps=a.attn_stamps)
     print(json.dumps(r, indent=1) if a.json else format_report(r))
     return 0
 

@@ -45,6 +45,35 @@ def trace_table(trace: np.ndarray, plan: Plan):
     return df
 
 
+# Monokernel(attn_stamps=True): the sub-steps of each attention split (kernel._attn_stamp), as durations
+ATTN_STEPS = ("wait", "inputs", "split", "arrive", "merge")
+
+
+def attn_stamps_table(atr: np.ndarray, plan: Plan):
+    """Each stamped attention split of a traced launch as a row [cta, step, task, layer, kv_head, split,
+    merged, wait_ns, inputs_ns, split_ns, arrive_ns, merge_ns]: the time from its start to its q/k/v being
+    ready (wait), reading them (inputs), its math up to its stored partials (split), the arrival atomic
+    (arrive), and the rest of the task (merge: the last arriver's merge; ~0 for the others). An empty split
+    (no cached position yet) has only arrive and merge."""
+    import pandas as pd
+    splits = int(plan.meta.get("attn_splits", 1))
+    rows = []
+    for c in range(atr.shape[0]):
+        rec = atr[c]
+        rec = rec[rec[:, 6] > 0]
+        if len(rec) == 0:
+            continue
+        ti = rec[:, 7] & ((1 << 40) - 1)
+        tile = plan.tasks[ti, 2]
+        t = rec[:, :6]
+        d = np.diff(t, axis=1)
+        rows.append(pd.DataFrame({"cta": c, "step": rec[:, 7] >> 40, "task": ti, "layer": plan.tasks[ti, 1],
+                                  "kv_head": tile // splits, "split": tile % splits, "merged": rec[:, 6] == 2,
+                                  **{f"{k}_ns": d[:, i] for i, k in enumerate(ATTN_STEPS)}}))
+    cols = ["cta", "step", "task", "layer", "kv_head", "split", "merged"] + [f"{k}_ns" for k in ATTN_STEPS]
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=cols)
+
+
 def breakdown_from_trace(trace: np.ndarray, plan: Plan, seconds_per_token: float, traced_tokens: int) -> dict[str, Any]:
     df = trace_table(trace, plan)
     if df.empty:

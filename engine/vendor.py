@@ -67,6 +67,18 @@ def global_time_ns(VENDOR: tl.constexpr):
 
 
 @triton.jit
+def global_time_after(x, VENDOR: tl.constexpr):
+    """global_time_ns, read once the int32 scalar x exists (an unused asm input: the clock read waits for the
+    value, e.g. a load's result, instead of issuing before it lands). Elsewhere: global_time_ns."""
+    if VENDOR == 1:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False,
+                                      pack=1)
+    else:
+        t = global_time_ns(VENDOR)
+    return t
+
+
+@triton.jit
 def sm_id(VENDOR: tl.constexpr):
     """Which SM (NVIDIA %smid) or XCD*64+CU (AMD) runs this program; program_id in the interpreter."""
     if VENDOR == 1:

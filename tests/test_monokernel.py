@@ -256,6 +256,27 @@ def test_weight_ring_blocked_prefetch_matches_reference(mode):
     assert got == ref and err < 1e-4
 
 
+def test_attn_stamps_record_every_split_of_the_traced_tokens():
+    """Monokernel(attn_stamps=True): a traced launch records each attention split's sub-steps for its first
+    trace_tokens tokens (kernel._attn_stamp; kog.engine.trace.attn_stamps_table): every split of every layer
+    and KV head once per traced token, exactly one of each (token, layer, head) merged, durations >= 0 (the
+    interpreter's clocks read 0); an untraced launch or the default Monokernel records nothing."""
+    from kog.engine.trace import ATTN_STEPS, attn_stamps_table
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    e = SMALL_TILES.replace(attn_block=16)
+    mk = Monokernel(TINY, w, e, max_seq=64, trace_tokens=2, attn_stamps=True)
+    mk.n_eos = 0
+    mk.generate(list(range(5, 25)), 3, trace=True)
+    t = attn_stamps_table(mk._last_atr, mk.plan)
+    S = mk.attn_splits
+    assert len(t) == 2 * TINY.num_layers * TINY.num_kv_heads * S
+    assert sorted(t["step"].unique().tolist()) == [0, 1]
+    assert (t.groupby(["step", "layer", "kv_head"])["merged"].sum() == 1).all()
+    assert (t[[f"{k}_ns" for k in ATTN_STEPS]] >= 0).all().all()
+    assert set(t["split"]) == set(range(S))
+    assert not Monokernel(TINY, w, e, max_seq=64).attn_stamps
+
+
 @pytest.mark.parametrize("mode, block, tile, prompt", [("targeted", 32, 16, list(range(5, 25))),
                                                        ("grid", 64, 16, list(range(3, 40)))])
 def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):
