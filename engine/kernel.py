@@ -807,9 +807,10 @@ def _split_inputs(qkv_ptr, g, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexp
     the new k row and its partner, the new v row.
     Why not the words _tag_wait's last poll read: on llama-3.2-1b those values diverged from the reference
     (teacher-forced error 2.5-6.8e-2 against 7.2e-3, varying run to run; H200, 2026-12-02,
-    bench/h200/engine_check_attn_inputs_2026-12-02.json) while this reload after the poll is exact; the
-    [HD] k / v rows are replicated across warps there, so some copy can be older than the one the tag check
-    saw. The reload costs one L2 round trip (0.6% on llama-3.2-1b)."""
+    bench/h200/engine_check_attn_inputs_2026-12-02.json) while this reload after the poll is exact. The likely
+    cause (not proven): the [HD] k / v rows are held by two warps there, and the poll's reduction checks one
+    copy's tag while the other warp may keep an older word. The reload costs one L2 round trip (0.6% on
+    llama-3.2-1b)."""
     d = tl.arange(0, HD)
     half: tl.constexpr = HD // 2
     dp = (d + half) % HD                         # rotate_half partner
