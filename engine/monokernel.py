@@ -104,6 +104,7 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
 
 class Monokernel:
     EXACT_PREFILL = True        # prefill in float32 (see __init__); the TP ranks override it
+    attn_stamps = False         # __init__(attn_stamps=True) turns it on (tables built without __init__: off)
 
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
