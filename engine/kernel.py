@@ -777,17 +777,6 @@ def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
 
 
 @triton.jit
-def _tag_store(ptr, offs, y, t1):
-    """Store fp32 values with the token tag t1 in one aligned 64-bit word each: a reader that sees the tag sees
-    the value, so no fence or counter publishes them (the qkv -> attention hand-off). The store is a plain
-    st.global.b64 (weak in PTX's model; _tag_wait's polls are volatile): aligned 64-bit stores were never
-    seen torn on the H200 (the GPU ring test and the benches check the values), but a strong store
-    (st.relaxed.gpu, inline asm on NVIDIA) would make the pairing race-free by the letter of the model."""
-    bits = y.to(tl.int32, bitcast=True).to(tl.int64) & 4294967295
-    tl.store(ptr + offs, bits | (t1.to(tl.int64) << 32))
-
-
-@triton.jit
 def _qkv_val(ptr, offs, mask, TAG: tl.constexpr):
     """qkv values at offs: the fp32 activation buffer, or (TAG) the tagged buffer's 64-bit words (low half:
     the value's bits, high half: the token tag; _tag_store), read from L2."""
@@ -797,6 +786,17 @@ def _qkv_val(ptr, offs, mask, TAG: tl.constexpr):
     else:
         v = tl.load(ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
     return v
+
+
+@triton.jit
+def _tag_store(ptr, offs, y, t1):
+    """Store fp32 values with the token tag t1 in one aligned 64-bit word each: a reader that sees the tag sees
+    the value, so no fence or counter publishes them (the qkv -> attention hand-off). The store is a plain
+    st.global.b64 (weak in PTX's model; _tag_wait's polls are volatile): aligned 64-bit stores were never
+    seen torn on the H200 (the GPU ring test and the benches check the values), but a strong store
+    (st.relaxed.gpu, inline asm on NVIDIA) would make the pairing race-free by the letter of the model."""
+    bits = y.to(tl.int32, bitcast=True).to(tl.int64) & 4294967295
+    tl.store(ptr + offs, bits | (t1.to(tl.int64) << 32))
 
 
 @triton.jit

@@ -257,9 +257,11 @@ class Monokernel:
         self.trace_cap = int(np.max(p.cta_start[1:] - p.cta_start[:-1])) * max(self.trace_tokens, 1)
         self.trace = torch.zeros((p.grid, self.trace_cap, 4) if self.trace_tokens else (1, 1, 4),
                                  dtype=torch.int64, device=dev)
-        n_attn = np.bincount(np.repeat(np.arange(p.grid), np.diff(p.cta_start)),
-                             weights=(p.tasks[:, 0] == T_ATTN), minlength=p.grid)
-        self.atr_cap = int(n_attn.max()) * max(self.trace_tokens, 1) if self.attn_stamps else 1
+        self.atr_cap = 1
+        if self.attn_stamps:     # room for every attention task of the busiest CTA, per traced token
+            n_attn = np.bincount(np.repeat(np.arange(p.grid), np.diff(p.cta_start)),
+                                 weights=(p.tasks[:, 0] == T_ATTN), minlength=p.grid)
+            self.atr_cap = int(n_attn.max()) * max(self.trace_tokens, 1)
         self.atr = torch.zeros((p.grid if self.attn_stamps else 1, self.atr_cap, 8), dtype=torch.int64, device=dev)
 
     def _ring_tables(self, tasks: np.ndarray) -> None:

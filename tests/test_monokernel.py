@@ -260,7 +260,7 @@ def test_attn_stamps_record_every_split_of_the_traced_tokens():
     """Monokernel(attn_stamps=True): a traced launch records each attention split's sub-steps for its first
     trace_tokens tokens (kernel._attn_stamp; kog.engine.trace.attn_stamps_table): every split of every layer
     and KV head once per traced token, exactly one of each (token, layer, head) merged, durations >= 0 (the
-    interpreter's clocks read 0); an untraced launch or the default Monokernel records nothing."""
+    interpreter's clocks read 0); the default Monokernel keeps the stamps off."""
     from kog.engine.trace import ATTN_STEPS, attn_stamps_table
     w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
     e = SMALL_TILES.replace(attn_block=16)
