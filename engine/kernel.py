@@ -42,16 +42,23 @@ from kog.engine.ring import (ROW_BLOCK, ring_drain, ring_fill, ring_init, ring_p
                              row_read, rows_load, rows_store)
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
 from kog.engine.vendor import (dyn_smem_size, global_time_after, global_time_ns, poll_acquire, release_counter,
-                               sm_id, smem_base, wait_counters)
+                               ring_prefetch_l2, sm_id, smem_base, wait_counters)
 
 # Activation numerics, fixed per process. Default: activations stay float32 from step to step (the model's
 # math on the checkpoint's weights; what is rounded to the model dtype is what must be: the KV cache, and q
-# for the tensor-core dot against it), so the kernel's logits sit close to the float32 oracle
+# for the tensor-core dot against it; and down's input where XCACHE_DOWN keeps it in registers as model-dtype
+# words), so the kernel's logits sit close to the float32 oracle
 # (kog.engine.bench: 2e-2 is below the distance of any bf16-rounding implementation, HF's own included).
 # KOG_HF_ROUNDING=1: round where HF keeps bf16/fp16 tensors (norm outputs, projections, residuals, RoPE,
 # scores, logits): HF's function, with its rounding noise. Read once at import (Triton checks that a global
 # constexpr is unchanged since compile). The tensor-parallel engines share it, so TP and tp_compat stay equal.
 HF_ROUNDING: tl.constexpr = tl.constexpr(os.environ.get("KOG_HF_ROUNDING", "0") == "1")
+# down's input (the SiLU product, which HF keeps in the model dtype) held in registers across a CTA's down tasks
+# as model-dtype words, not reloaded from L2 by every task (_gemv_ring's XW); False: float32, reloaded
+XCACHE_DOWN: tl.constexpr = tl.constexpr(True)
+# an attention split of several tiles (EngineConfig.attn_tile) asks the L2 for its later tiles' K/V before
+# its wait (one bulk prefetch each), as it loads the first tile's into registers there
+ATTN_L2PF: tl.constexpr = tl.constexpr(True)
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -387,6 +394,31 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
 
 
 @triton.jit
+def _pack_pairs(xl, xh, DT: tl.constexpr):
+    """x pairs (xl: elements 2j, xh: 2j + 1) as one 32-bit word each, the two values rounded to the model
+    dtype, low half = xl, as a ring chunk holds weights: half the registers of the float32 pairs."""
+    if DT == tl.bfloat16:
+        lo = xl.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        hi = xh.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+    else:
+        lo = xl.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        hi = xh.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    return lo | (hi << 16)
+
+
+@triton.jit
+def _unpack_words(w, DT: tl.constexpr):
+    """_pack_pairs' words back to float32 pairs (xl, xh)."""
+    if DT == tl.bfloat16:
+        xl = (w << 16).to(tl.float32, bitcast=True)
+        xh = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        xl = (w & 65535).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        xh = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return xl, xh
+
+
+@triton.jit
 def _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
                 waited, w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, K: tl.constexpr, BKC: tl.constexpr,
                 NORM: tl.constexpr, WAIT: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
@@ -412,17 +444,22 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                WAIT: tl.constexpr, NS: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
                TRACE: tl.constexpr, VENDOR: tl.constexpr, sz_ptr=None, SIZES: tl.constexpr = False,
                PF: tl.constexpr = 0, xc_l=None, xc_h=None, xc_key=None, xkey=None, PFB: tl.constexpr = 0,
-               XRAW: tl.constexpr = False):
+               XRAW: tl.constexpr = False, xd=None, xd_key=None, XW: tl.constexpr = False):
     """_gemv (GU: _gemv2) with the weights from the CTA's ring (kog.engine.ring): per K step, top the ring
     up (the copies of later chunks, later tasks and the next token fly while this one waits and computes),
     wait for the input's counters, wait for the chunk, multiply. Returns (acc, acc2 (GU: the up rows),
-    waited, rb, rm, cn, pn, xc_l, xc_h, xc_key).
+    waited, rb, rm, cn, pn, xc_l, xc_h, xc_key, xd, xd_key).
 
     When one chunk spans the input (K <= BKC) and it is RMS-normed (NORM: qkv, gate_up at its wide chunk,
     the LM head) or XRAW (O, whose chunk is as wide as the cache), its x pairs (normed) are cached in
     registers (xc_l, xc_h) under xkey (the input buffer's offset and the token): a CTA's next task of the
     phase reuses them instead of loading x (and g) again from L2 and reducing x * x across the CTA (a CTA
     runs ~60 LM tasks a token on the same x).
+
+    XW (down, when its one chunk spans K = intermediate): the plain input is cached the same way, as words of
+    two model-dtype values (_pack_pairs: xd, keyed by xd_key), the input HF itself keeps in bf16/fp16. Without
+    it every down task reloaded the whole [I] vector from L2, all CTAs at once, and waited for it (the
+    largest stall of sheared-llama-2.7b's down tasks, Nsight Compute, bench/h200/ENGINE_NOTES.md).
 
     An RMS-normed input over several K steps (K > BKC: qkv at sheared-llama-2.7b's [32, 512] chunks): step
     k + 1's input is waited for and loaded before step k's chunk wait and math, so its L2 latency is not paid
@@ -432,6 +469,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
     # four 2048-column steps, not normed) the held input cost 35 registers and 1.2% (H200, same run)
     MULTI: tl.constexpr = (K > BKC) and NORM
     CACHED: tl.constexpr = (K <= BKC) and (NORM or XRAW)
+    XWC: tl.constexpr = XW and (K <= BKC) and (not CACHED) and (DT != tl.float32)    # (words: 16-bit dtypes)
     acc = tl.zeros([BN], dtype=tl.float32)
     acc2 = tl.zeros([BN], dtype=tl.float32)
     accg = tl.zeros([2 * BN], dtype=tl.float32)     # GU: gate rows then up rows, split after the K loop
@@ -466,6 +504,18 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                 xc_l = xl
                 xc_h = xh
                 xc_key = xkey
+        elif XWC:
+            if xkey == xd_key:       # this token's input of this layer, as an earlier down task loaded it
+                xl, xh = _unpack_words(xd, DT)
+            else:
+                xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb,
+                                                         rm, sync_ptr, err_ptr, max_spin, task, waited, w_ptr,
+                                                         tasks_ptr, t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT,
+                                                         SLOTB, UPO, TRACE, VENDOR, PFB, False)
+                xd = _pack_pairs(xl, xh, DT)
+                xd_key = xkey
+                # the first task computes with the words too, so every down task of the token sees one input
+                xl, xh = _unpack_words(xd, DT)
         else:
             xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
                                                      sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr,
@@ -486,7 +536,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
             r = 1.0 / tl.sqrt(tl.sum(ssv, axis=0) / K + eps)
             acc = acc * r
             acc2 = acc2 * r
-    return acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key
+    return acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key, xd, xd_key
 
 
 @triton.jit
@@ -1151,6 +1201,8 @@ def monokernel(
     ROWSM: tl.constexpr = (ROWPF == 2) and (RING > 0)
     # O's input (the attention output) rides the ring's input cache when its one chunk is as wide as the cache
     XRAW_O: tl.constexpr = (RING > 0) and (BKC_O == BKC_X) and (QS <= BKC_O)
+    # down's plain input cached in registers as model-dtype words where its one chunk spans the intermediate
+    XW_DOWN: tl.constexpr = (RING > 0) and (I <= BKC_DOWN) and (TP == 0) and XCACHE_DOWN
     SPLIT: tl.constexpr = BS if BS > 0 else BT             # positions per attention split
     if ROWPF == 1:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
@@ -1162,6 +1214,12 @@ def monokernel(
         xc_l = tl.zeros([BKC_X // 2], dtype=tl.float32)
         xc_h = tl.zeros([BKC_X // 2], dtype=tl.float32)
         xc_key = tl.full([], -1, tl.int64)
+        # down's input cache (_gemv_ring's XW): words of two model-dtype values, keyed like xc_key
+        if XW_DOWN:
+            xd = tl.zeros([BKC_DOWN // 2], dtype=tl.int32)
+        else:
+            xd = tl.zeros([2], dtype=tl.int32)
+        xd_key = tl.full([], -1, tl.int64)
     if ATRACE:
         atr_n = 0        # attention records written by this CTA
     for step in range(0, n_tokens):
@@ -1266,13 +1324,13 @@ def monokernel(
                     # layer 0 reads the embedding row, released through S_TOK: its wait base is a block of
                     # always-ready dummy counters
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key, xd, xd_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BKC_QKV, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB, xd=xd, xd_key=xd_key)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1303,6 +1361,14 @@ def monokernel(
                     if p0 <= pos:
                         # before the wait: all that does not depend on this token's q/k/v
                         kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
+                        if ATTN_L2PF and (VENDOR == 1):
+                            # the split's later tiles are loaded in turn after the wait (registers); ask the L2
+                            # for them now, so each costs an L2 round trip there, not an HBM one
+                            for t0 in tl.static_range(BT, SPLIT, BT):
+                                if p0 + t0 < pos:
+                                    nb = (tl.minimum(pos - p0 - t0, BT) * HD * 2).to(tl.int32)
+                                    ring_prefetch_l2(kbase + (p0 + t0) * HD, nb, VENDOR)
+                                    ring_prefetch_l2(kbase + kc_layer + (p0 + t0) * HD, nb, VENDOR)
                         dh = tl.arange(0, HD)
                         cs = tl.load(cos_ptr + pos * HD + dh)
                         sn = tl.load(sin_ptr + pos * HD + dh)
@@ -1363,13 +1429,13 @@ def monokernel(
                     h = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 0) + rows, mask=(rows >= 0) & (early != 0),
                                 other=0.0, cache_modifier=".cg")
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key, xd, xd_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 2), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 1), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, QS,
                             BN_O, BKC_O, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 2) + xtok, PFB, XRAW_O)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 2) + xtok, PFB, XRAW_O, xd, xd_key)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 2),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 1),
@@ -1386,13 +1452,13 @@ def monokernel(
                 elif dtyp == T_GU:
                     rows = tile * BN_GU + tl.arange(0, BN_GU)
                     if RING > 0:
-                        ag, au, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
+                        ag, au, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key, xd, xd_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 3), small_ptr + tl.load(soff_ptr + layer * 8 + 4), eps,
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BKC_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok, PFB)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok, PFB, xd=xd, xd_key=xd_key)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1409,13 +1475,14 @@ def monokernel(
                     hm = tl.load(act_ptr + tl.load(aoff_ptr + lrow + 3) + rows, mask=(rows >= 0) & (early != 0),
                                  other=0.0, cache_modifier=".cg")
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key, xd, xd_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 4), small_ptr, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BKC_DOWN, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, xtok, PFB)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 4) + xtok, PFB, xd=xd,
+                            xd_key=xd_key, XW=XW_DOWN)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
                                                              small_ptr, eps, cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 3),
@@ -1432,13 +1499,13 @@ def monokernel(
                 elif dtyp == T_LM:
                     rows = tile * BN_LM + tl.arange(0, BN_LM)
                     if RING > 0:
-                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key = _gemv_ring(
+                        acc, acc2, waited, rb, rm, cn, pn, xc_l, xc_h, xc_key, xd, xd_key = _gemv_ring(
                             rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax,
                             act_ptr + tl.load(aoff_ptr + lrow + 0), small_ptr + fnorm_off, eps, cnt_ptr, tgt_ptr, cb,
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BKC_LM, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB, xd=xd, xd_key=xd_key)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,

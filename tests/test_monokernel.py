@@ -247,6 +247,23 @@ def test_weight_ring_matches_reference(cfg, mode, slots, rowpf, bns):
 
 
 @pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_weight_ring_down_input_cache_matches_reference(mode):
+    """Down's one chunk spans the intermediate (I = 96 in a 128-column chunk, as sheared-llama-2.7b's 6912 in
+    8192): its input is loaded by a CTA's first down task of a layer and kept in registers as fp16 words for
+    the others (_gemv_ring's XW). Two layers and several down tasks per CTA: a cache keyed wrongly (another
+    layer's or token's input) moves the logits far past this bound."""
+    from kog.engine.plan import T_DOWN, T_GU, T_LM, T_O, T_QKV
+    from kog.engine.ring import chunk_shape
+    cfg = TINY.replace(intermediate_size=96)
+    bns = dict(EQUAL_BN, bn_down=4)
+    bn = {T_QKV: 16, T_O: 16, T_GU: 16, T_DOWN: 4, T_LM: 16}
+    assert chunk_shape(T_DOWN, H=64, I=96, QS=cfg.q_size, block_k=128, bn=bn)[1] >= 96
+    e = SMALL_TILES.replace(mode=mode, weight_ring=2, block_k=128, row_prefetch=2, **bns)
+    ref, got, err = run_both(cfg, torch.float16, e, list(range(3, 23)))
+    assert got == ref and err < 5e-3
+
+
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
 def test_weight_ring_blocked_prefetch_matches_reference(mode):
     """blocked_prefetch with the ring: a CTA blocked on an input, a grid barrier or the sampled token asks the
     L2 for the chunks beyond its ring's requests (a hint: the interpreter skips the prefetch itself but runs
