@@ -851,10 +851,10 @@ def _tag_store(ptr, offs, y, t1):
 
 @triton.jit
 def _split_inputs(qkv_ptr, g, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
-                  KVS: tl.constexpr, TAG: tl.constexpr):
+                  KVS: tl.constexpr, TAG: tl.constexpr, kv_on=1):
     """An attention split's inputs, read from L2 once they are known ready (their counters waited for, or TAG:
     _tag_wait saw every word tagged): KV head g's G query rows (padded to GP) and their rotate-half partners,
-    the new k row and its partner, the new v row.
+    the new k row and its partner, the new v row (kv_on = 0: not read, zeros; the split holds no new position).
     Why not the words _tag_wait's last poll read: on llama-3.2-1b those values diverged from the reference
     (teacher-forced error 2.5-6.8e-2 against 7.2e-3, varying run to run; H200, 2026-12-02,
     bench/h200/engine_check_attn_inputs_2026-12-02.json) while this reload after the poll is exact. The likely
@@ -870,18 +870,20 @@ def _split_inputs(qkv_ptr, g, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexp
     q = _qkv_val(qkv_ptr, qrow + d[None, :], qm, TAG)
     qs = _qkv_val(qkv_ptr, qrow + dp[None, :], qm, TAG)
     kof = QS + g * HD
-    k = _qkv_val(qkv_ptr, kof + d, d >= 0, TAG)
-    ks = _qkv_val(qkv_ptr, kof + dp, d >= 0, TAG)
-    v = _qkv_val(qkv_ptr, KVS + kof + d, d >= 0, TAG)
+    km = (d >= 0) & (kv_on != 0)
+    k = _qkv_val(qkv_ptr, kof + d, km, TAG)
+    ks = _qkv_val(qkv_ptr, kof + dp, km, TAG)
+    v = _qkv_val(qkv_ptr, KVS + kof + d, km, TAG)
     return q, qs, k, ks, v
 
 
 @triton.jit
 def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constexpr, G: tl.constexpr,
-              GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr):
+              GP: tl.constexpr, QS: tl.constexpr, KVS: tl.constexpr, kv_on=1):
     """Wait (bounded) until KV head g's q rows, k row and v row carry this token's tag t1: the attention
-    split's input, polled in the data itself (every word once per poll, from L2). On timeout: record
-    [1, -5, task, t1, tag seen] and abort everyone."""
+    split's input, polled in the data itself (every word once per poll, from L2). kv_on = 0: the q rows only
+    (a split without the new position reads no new k / v). On timeout: record [1, -5, task, t1, tag seen] and
+    abort everyone."""
     d = tl.arange(0, HD)
     gq = tl.arange(0, GP)
     qm = (gq < G)[:, None] & (d >= 0)[None, :]
@@ -892,8 +894,9 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
     lo = t1 * 0
     while (lo < t1) & (n < max_spin) & (ab == 0):
         tq = tl.load(qkvt_ptr + qo, mask=qm, other=0, volatile=True) >> 32
-        tk = tl.load(qkvt_ptr + ko, volatile=True) >> 32
-        tv = tl.load(qkvt_ptr + KVS + ko, volatile=True) >> 32
+        tk = tl.load(qkvt_ptr + ko, mask=(d >= 0) & (kv_on != 0), other=t1.to(tl.int64) << 32, volatile=True) >> 32
+        tv = tl.load(qkvt_ptr + KVS + ko, mask=(d >= 0) & (kv_on != 0), other=t1.to(tl.int64) << 32,
+                     volatile=True) >> 32
         tq = tl.where(qm, tq, t1)
         lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.minimum(tl.min(tk, axis=0), tl.min(tv, axis=0)))
         lo = lo.to(tl.int32)
@@ -1359,6 +1362,10 @@ def monokernel(
                         a_in = t_start
                         a_split = t_start
                     if p0 <= pos:
+                        # only the split that holds the new position reads this token's k and v; the others
+                        # wait for q alone, which the qkv phase produces first (its tiles are dealt in row
+                        # order, q's rows first), so they overlap the phase's last k / v tiles
+                        has_new = ((pos >= p0) & (pos < p0 + SPLIT)).to(tl.int32)
                         # before the wait: all that does not depend on this token's q/k/v
                         kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
                         if ATTN_L2PF and (VENDOR == 1):
@@ -1377,22 +1384,24 @@ def monokernel(
                             if WAIT:
                                 if (PFB > 0) & (RING > 0):   # the attention hop streams no weights: ask the L2
                                     ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
-                                _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS)
+                                _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS,
+                                          has_new)
                         else:
                             qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
                             if WAIT:
                                 rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1,
                                                     rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi,
                                                     I * H, PFB, VENDOR)
-                                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD, t1,
-                                                    rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi,
-                                                    I * H, PFB, VENDOR)
-                                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
-                                                    QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr, max_spin,
-                                                    ti, w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
+                                if has_new != 0:
+                                    rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD,
+                                                        t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr,
+                                                        t_hi, I * H, PFB, VENDOR)
+                                    rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
+                                                        QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr,
+                                                        max_spin, ti, w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
                         if ATRACE:
                             a_wait = global_time_ns(VENDOR)
-                        q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS, TAGQKV)
+                        q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS, TAGQKV, has_new)
                         if ATRACE:
                             a_in = global_time_after(tl.sum(tl.sum(q, axis=1), axis=0).to(tl.int32, bitcast=True),
                                                      VENDOR)
