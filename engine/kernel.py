@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from kog.engine.abort import record_abort
-from kog.engine.ring import (ROW_BLOCK, ring_drain, ring_fill, ring_init, ring_prefetch_ahead, ring_tile, ring_wait,
-                             row_read, rows_load, rows_store)
+from kog.engine.ring import (ROW_BLOCK, pack_pairs, ring_drain, ring_fill, ring_init, ring_prefetch_ahead, ring_tile,
+                             ring_wait, row_read, rows_load, rows_store, unpack_words)
 from kog.engine.sampling import filtered_sample, gumbel_scores, tile_best
 from kog.engine.vendor import (dyn_smem_size, global_time_after, global_time_ns, poll_acquire, release_counter,
                                ring_prefetch_l2, sm_id, smem_base, wait_counters)
@@ -394,31 +394,6 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
 
 
 @triton.jit
-def _pack_pairs(xl, xh, DT: tl.constexpr):
-    """x pairs (xl: elements 2j, xh: 2j + 1) as one 32-bit word each, the two values rounded to the model
-    dtype, low half = xl, as a ring chunk holds weights: half the registers of the float32 pairs."""
-    if DT == tl.bfloat16:
-        lo = xl.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
-        hi = xh.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-    else:
-        lo = xl.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
-        hi = xh.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-    return lo | (hi << 16)
-
-
-@triton.jit
-def _unpack_words(w, DT: tl.constexpr):
-    """_pack_pairs' words back to float32 pairs (xl, xh)."""
-    if DT == tl.bfloat16:
-        xl = (w << 16).to(tl.float32, bitcast=True)
-        xh = (w & -65536).to(tl.float32, bitcast=True)
-    else:
-        xl = (w & 65535).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        xh = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return xl, xh
-
-
-@triton.jit
 def _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
                 waited, w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, K: tl.constexpr, BKC: tl.constexpr,
                 NORM: tl.constexpr, WAIT: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
@@ -457,7 +432,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
     runs ~60 LM tasks a token on the same x).
 
     XW (down, when its one chunk spans K = intermediate): the plain input is cached the same way, as words of
-    two model-dtype values (_pack_pairs: xd, keyed by xd_key), the input HF itself keeps in bf16/fp16. Without
+    two model-dtype values (ring.pack_pairs: xd, keyed by xd_key), the input HF itself keeps in bf16/fp16. Without
     it every down task reloaded the whole [I] vector from L2, all CTAs at once, and waited for it (the
     largest stall of sheared-llama-2.7b's down tasks, Nsight Compute, bench/h200/ENGINE_NOTES.md).
 
@@ -506,16 +481,16 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                 xc_key = xkey
         elif XWC:
             if xkey == xd_key:       # this token's input of this layer, as an earlier down task loaded it
-                xl, xh = _unpack_words(xd, DT)
+                xl, xh = unpack_words(xd, DT)
             else:
                 xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb,
                                                          rm, sync_ptr, err_ptr, max_spin, task, waited, w_ptr,
                                                          tasks_ptr, t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT,
                                                          SLOTB, UPO, TRACE, VENDOR, PFB, False)
-                xd = _pack_pairs(xl, xh, DT)
+                xd = pack_pairs(xl, xh, DT)
                 xd_key = xkey
                 # the first task computes with the words too, so every down task of the token sees one input
-                xl, xh = _unpack_words(xd, DT)
+                xl, xh = unpack_words(xd, DT)
         else:
             xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
                                                      sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr,

@@ -355,6 +355,31 @@ def ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS: tl.constexpr, VE
 
 
 @triton.jit
+def pack_pairs(lo, hi, DT: tl.constexpr):
+    """float32 pairs (lo: elements 2j, hi: 2j + 1) as one 32-bit word each, both rounded to the model dtype
+    (bf16 / fp16), low half = lo: the layout of a ring chunk's words, half the registers of the pairs."""
+    if DT == tl.bfloat16:
+        wl = lo.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        wh = hi.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+    else:
+        wl = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        wh = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    return wl | (wh << 16)
+
+
+@triton.jit
+def unpack_words(w, DT: tl.constexpr):
+    """Words of two model-dtype values (a ring chunk's, or pack_pairs') as float32 pairs (lo, hi)."""
+    if DT == tl.bfloat16:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = (w & 65535).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
 def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: tl.constexpr, NS: tl.constexpr,
               SLOTB: tl.constexpr, DT: tl.constexpr, VENDOR: tl.constexpr, SIZES: tl.constexpr = False):
     """Rows [row0, row0 + BN) of chunk cn's slot as float32 (even, odd) column pairs [BN, BKC // 2]: word j of
@@ -368,13 +393,7 @@ def ring_tile(rbase, gring_ptr, cta, cn, row0, ne, dep, BN: tl.constexpr, BKC: t
             a = _slot_addr(rbase, slot, SLOTB) + dep + ((row0 + rn) * (ne * 2))[:, None] + (rj * 4)[None, :]
         else:
             a = _slot_addr(rbase, slot, SLOTB) + dep + ((row0 + rn) * (BKC * 2))[:, None] + (rj * 4)[None, :]
-        w = ld_shared_b32(a, VENDOR)
-        if DT == tl.bfloat16:
-            lo = (w << 16).to(tl.float32, bitcast=True)
-            hi = (w & -65536).to(tl.float32, bitcast=True)
-        else:
-            lo = (w & 65535).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        lo, hi = unpack_words(ld_shared_b32(a, VENDOR), DT)
         lo = tl.where(ok, lo, 0.0)
         hi = tl.where(ok, hi, 0.0)
     else:
