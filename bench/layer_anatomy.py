@@ -1,12 +1,15 @@
 """Where one token's time goes, layer by layer, from an instrumented run's per-task trace (no GPU needed).
 
-    python bench/layer_anatomy.py [RUN_DIR] [--system kog-targeted] [--json OUT]
+    python bench/layer_anatomy.py [RUN_DIR] [--system kog-targeted] [--json OUT] [--hops]
 
 Reads the `timeline` table and bench.json of a `kogtune bench` run directory (default: the bundled
 reports/data/h200_bench_run) and prints, per critical-path segment of a layer (the last task of one phase
 ending to the last of the next: down(l-1) -> qkv -> attn -> o -> gate_up -> down), the median over the layers
 of the measured time, what the phase's weight bytes take at the run's copy rate, and the excess (the latency
 chain and imbalance paid there). The engine report shows the same table (kog.reports.bench_tables).
+--hops adds what each segment is made of (kog.reports.bench_tables.hop_table: the last CTA's lag, the
+hand-off, the first and later tasks; bench/h200/ENGINE_NOTES.md session 12). RUN_DIR may also be a
+timeline parquet that bench/engine_check.py --save-timeline wrote (no bench.json: no streaming columns).
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kog.reports.bench_tables import critical_path_table, layer_segments, model_shapes_of, phase_weight_bytes
+from kog.reports.bench_tables import (critical_path_table, hop_table, layer_segments, model_shapes_of,
+                                      phase_weight_bytes)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,14 +29,19 @@ REPO = Path(__file__).resolve().parents[1]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/layer_anatomy.py")
     ap.add_argument("run", nargs="?", default=str(REPO / "reports/data/h200_bench_run"),
-                    help="a kogtune bench run directory")
+                    help="a kogtune bench run directory, or an engine_check.py timeline parquet")
     ap.add_argument("--system", default="kog-targeted")
     ap.add_argument("--json", default=None, help="write the per-segment medians here")
+    ap.add_argument("--hops", action="store_true", help="also what each segment is made of (hop_table)")
     a = ap.parse_args(argv)
     run = Path(a.run)
     try:
-        tl = pd.read_parquet(run / "timeline.parquet")
-        bench = json.loads((run / "bench.json").read_text())
+        if run.suffix == ".parquet":        # an engine_check.py --save-timeline file: one system, no bench.json
+            tl = pd.read_parquet(run).assign(system=a.system)
+            bench = {}
+        else:
+            tl = pd.read_parquet(run / "timeline.parquet")
+            bench = json.loads((run / "bench.json").read_text())
     except (OSError, ValueError) as e:
         print(f"layer_anatomy: {run} is not a bench run directory with a timeline ({type(e).__name__})",
               file=sys.stderr)
@@ -45,6 +54,9 @@ def main(argv=None) -> int:
     print(f"{bench.get('model')} {a.system}, {run.name}: median per layer (us), streaming at "
           f"{bench.get('copy_GBps', float('nan')):.0f} GB/s")
     print(med.to_string())
+    if a.hops:
+        print("\nwhat each segment is made of (us; median over layers)")
+        print(hop_table(tl, a.system).set_index("segment").round(2).to_string())
     if a.json:
         Path(a.json).write_text(json.dumps({"model": bench.get("model"), "system": a.system, "run": run.name,
                                             "median_us": med.reset_index().to_dict("records")}, indent=1) + "\n")

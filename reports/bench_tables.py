@@ -150,3 +150,42 @@ def critical_path_table(seg: pd.DataFrame) -> pd.DataFrame:
     per_layer = seg.groupby("layer")[["us", "stream_us", "excess_us"]].sum(min_count=1)
     med.loc["layer (sum)"] = per_layer.median()
     return med.reset_index().rename(columns={"index": "segment"})
+
+
+HOP_COLUMNS = ["segment", "tail_us", "ready_us", "first_task_us", "task_us", "tasks_max", "span_us"]
+
+
+def hop_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
+    """What each critical-path segment a -> b of a layer is made of, median over the layers of one traced
+    token (the second when there are two or more, as layer_segments): tail_us, a's last CTA ending after
+    its median CTA (one tile more than others, per-SM rate spread); ready_us, b's input ready after a's last
+    task ended (median CTA; a b task's start plus its wait, so the release, the poll and the hand-off);
+    first_task_us and task_us, b's tasks busy (start to end less the wait), a CTA's first of the layer
+    (input load, norm) and the others; tasks_max, b's tasks on the busiest CTA; span_us, a's last end to b's
+    last end (what layer_segments measures). Needs the timeline's cta, start_ns and wait_ns columns."""
+    need = {"step", "layer", "phase", "cta", "start_ns", "end_ns", "wait_ns"}
+    t = tl[tl["system"] == system] if "system" in tl.columns else tl
+    if t.empty or not need <= set(t.columns):
+        return pd.DataFrame(columns=HOP_COLUMNS)
+    steps = sorted(t["step"].unique())
+    tok = t[t["step"] == (steps[1] if len(steps) > 1 else steps[0])].sort_values(["cta", "start_ns"])
+    busy = (tok["end_ns"] - tok["start_ns"] - tok["wait_ns"]) / 1e3
+    tok = tok.assign(busy=busy, k=tok.groupby(["cta", "layer", "phase"]).cumcount())
+    rows = []
+    for layer in sorted(tok.loc[tok["phase"] != "lm", "layer"].unique()):
+        for prev, ph in LAYER_SEGMENTS:
+            a = tok[(tok["layer"] == (layer - 1 if ph == "qkv" else layer)) & (tok["phase"] == prev)]
+            b = tok[(tok["layer"] == layer) & (tok["phase"] == ph)]
+            if a.empty or b.empty:
+                continue
+            last = a["end_ns"].max()
+            first = b[b["k"] == 0]
+            rows.append((f"{prev} -> {ph}", (last - a.groupby("cta")["end_ns"].max().median()) / 1e3,
+                         ((first["start_ns"] + first["wait_ns"]).median() - last) / 1e3,
+                         first["busy"].median(), b.loc[b["k"] > 0, "busy"].median(),
+                         int(b.groupby("cta").size().max()), (b["end_ns"].max() - last) / 1e3))
+    if not rows:
+        return pd.DataFrame(columns=HOP_COLUMNS)
+    order = [f"{x} -> {y}" for x, y in LAYER_SEGMENTS]
+    med = pd.DataFrame(rows, columns=HOP_COLUMNS).groupby("segment").median()
+    return med.reindex([o for o in order if o in med.index]).reset_index()

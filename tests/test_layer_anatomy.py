@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kog.reports.bench_tables import critical_path_table, layer_segments, phase_weight_bytes
+from kog.reports.bench_tables import critical_path_table, hop_table, layer_segments, phase_weight_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "reports" / "data" / "h200_bench_run"
@@ -53,3 +53,30 @@ def test_not_a_run_directory_is_one_line(la, tmp_path, capsys):
     assert la.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert la.main([str(RUN), "--system", "no-such"]) == 2
+
+
+def test_hop_table_of_a_synthetic_trace():
+    # qkv: CTA 0 runs two tasks (ends 1 and 2 us), CTAs 1 and 2 one each (end 1 us): the last ends 1 us after
+    # the median CTA. attention: each CTA's one task is 0.5 us busy after its input is ready at 2.5, 2.6,
+    # 2.4 us: ready 0.5 us after qkv's last end (median), the phase's last end 1.1 us after it
+    def task(cta, phase, start, end, wait=0):
+        return dict(system="s", step=1, layer=0, phase=phase, cta=cta, start_ns=start, end_ns=end, wait_ns=wait)
+    rows = [task(0, "qkv", 0, 1000), task(0, "qkv", 1000, 2000), task(1, "qkv", 0, 1000), task(2, "qkv", 0, 1000),
+            task(0, "attn", 2000, 3000, 500), task(1, "attn", 1000, 3100, 1600), task(2, "attn", 1000, 2900, 1400)]
+    tab = hop_table(pd.DataFrame(rows), "s").set_index("segment")
+    assert list(tab.index) == ["qkv -> attn"]       # the other segments have no tasks on one side
+    r = tab.loc["qkv -> attn"]
+    assert (r.tail_us, r.ready_us, r.first_task_us, r.tasks_max, r.span_us) == pytest.approx((1.0, 0.5, 0.5, 1, 1.1))
+    assert pd.isna(r.task_us)                        # no CTA ran a second attention task
+    assert hop_table(pd.DataFrame(rows).drop(columns="wait_ns"), "s").empty
+
+
+def test_an_engine_check_timeline_with_hops(la, tmp_path, capsys):
+    # bench/engine_check.py --save-timeline writes timeline_t<i>.parquet (its system column is the entry's
+    # name): layer_anatomy reads it as one system, without a bench.json (no streaming columns)
+    tl = pd.read_parquet(RUN / "timeline.parquet")
+    f = tmp_path / "timeline_t0.parquet"
+    tl[tl["system"] == "kog-targeted"].assign(system="t0").to_parquet(f)
+    assert la.main([str(f), "--hops"]) == 0
+    out = capsys.readouterr().out
+    assert "what each segment is made of" in out and "o -> gate_up" in out.split("made of")[1]
