@@ -26,13 +26,13 @@ from kog.engine.reference import Reference
 from kog.engine.weights import random_weights
 
 OUT = os.environ.get("OUT", "/tmp")
-from kog.reports.runstore import git_commit, package_versions   # noqa: E402
+from kog.reports.runstore import git_commit, package_versions, source_digest   # noqa: E402
 
 # provenance of every file this writes: the date, the device, the commit (KOG_GIT_COMMIT on a device copy),
 # the versions (the JSON committed before 2026-11-29 22:00 had only date and torch)
 R: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           "git_commit": git_commit(), "versions": package_versions()}
+           "git_commit": git_commit(), "source_digest": source_digest(), "versions": package_versions()}
 
 
 def save():

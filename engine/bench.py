@@ -323,7 +323,7 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
     import torch
 
     from kog.engine.weights import resolve_model
-    from kog.reports.runstore import RunStore, git_commit, package_versions
+    from kog.reports.runstore import RunStore, git_commit, package_versions, source_digest
 
     known = available_systems()
     names = _systems_arg(systems, known)
@@ -369,6 +369,7 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             "device": dev_info.to_dict(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": git_commit(),
+            "source_digest": source_digest(),
             "versions": package_versions(),
             "model": cfg.name,
             "dtype": cfg.dtype,

@@ -136,6 +136,26 @@ def git_commit(cwd: Path | None = None) -> str | None:
         return None
 
 
+def source_digest() -> str:
+    """sha256 (16 hex digits) of kog's Python sources as imported: every .py file under kog.probe, kog.tune,
+    kog.engine and kog.reports, by path and content. It names the code that ran where the commit cannot:
+    a device machine's copy of the tree may carry stale git metadata (on the H200 it kept naming the
+    session's first commit after later ones, 2026-12-02), so benches record both; hash a checkout with
+    `python -c "from kog.reports.runstore import source_digest; print(source_digest())"` to match one."""
+    import hashlib
+    import importlib
+    h = hashlib.sha256()
+    for name in ("probe", "tune", "engine", "reports"):
+        root = Path(importlib.import_module(f"kog.{name}").__file__).resolve().parent
+        for f in sorted(root.rglob("*.py")):
+            if "__pycache__" in f.parts:
+                continue
+            h.update(f"{name}/{f.relative_to(root).as_posix()}\0".encode())
+            h.update(f.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
 def package_versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
     out: dict[str, str | None] = {"python": platform.python_version()}
@@ -327,7 +347,8 @@ class RunStore:
             "started": now.isoformat(timespec="seconds"), "finished": None,
             "argv": list(sys.argv if argv is None else argv), "host": platform.node(), "pid": os.getpid(),
             "pid_start": _proc_start(os.getpid()),
-            "git_commit": git_commit(), "versions": package_versions(), "device": dev,
+            "git_commit": git_commit(), "source_digest": source_digest(), "versions": package_versions(),
+            "device": dev,
             "tables": [], **(extra or {}),
         }
         run = Run(path, meta)

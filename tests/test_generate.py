@@ -221,7 +221,7 @@ def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
                                 systems="reference-eager,hf-transformers,kog-grid,traced,grid-traced,odd",
                                 runs_dir=str(tmp_path / "runs"), json_out=str(tmp_path / "b.json"), progress=False,
                                 cpu_for_tests=True)
-    assert set(out) == {"device", "date", "git_commit", "versions", "model", "dtype", "prompt_tokens",
+    assert set(out) == {"device", "date", "git_commit", "source_digest", "versions", "model", "dtype", "prompt_tokens",
                         "new_tokens", "copy_GBps", "weight_bytes_per_token", "limit_tok_per_s",
                         "max_rel_err_oracle", "reference_max_rel_err_vs_fp32", "reference_first_divergence_oracle", "model_shapes", "systems"}
     assert out["limit_tok_per_s"] == pytest.approx(out["copy_GBps"] * 1e9 / out["weight_bytes_per_token"])

@@ -14,7 +14,7 @@ import pytest
 
 from kog.probe.device.fake import h200
 from kog.reports.runstore import (FORMAT, RunError, RunStore, atomic_write_bytes, atomic_write_json,
-                                  open_run)
+                                  open_run, source_digest)
 
 
 def _df(n=50, seed=0):
@@ -34,6 +34,7 @@ def test_complete_run_layout(tmp_runs):
     assert r.status == "complete" and r.complete and r.kind == "scan"
     assert r.meta["format"] == FORMAT and r.meta["argv"] == ["kogprobe", "scan"]
     assert r.meta["started"] and r.meta["finished"] and "torch" in r.meta["versions"]
+    assert r.meta["source_digest"] == source_digest()
     assert r.device.sms == 132 and r.tables == ["latency"] and r.meta["documents"] == ["summary"]
     pd.testing.assert_frame_equal(r.table("latency"), df)
     assert r.json("summary") == {"barrier_us": 0.92}
@@ -249,3 +250,26 @@ def test_runs_dir_env(tmp_runs):
 def test_create_rejects_unknown_kind(tmp_runs):
     with pytest.raises(ValueError):
         tmp_runs.create("party", None)
+
+
+def test_source_digest_names_the_code_not_the_checkout(tmp_path, monkeypatch):
+    """source_digest hashes the imported kog sources by path and content: a run's meta.json carries it, and
+    one changed byte in any subpackage changes it (a device copy's stale git metadata cannot)."""
+    import importlib
+    import types
+    d = source_digest()
+    assert len(d) == 16 and int(d, 16) >= 0 and source_digest() == d
+    roots = {}
+    for name in ("probe", "tune", "engine", "reports"):
+        (tmp_path / name / "sub").mkdir(parents=True)
+        (tmp_path / name / "__init__.py").write_text("")
+        (tmp_path / name / "sub" / "m.py").write_text(f"X = '{name}'\n")
+        roots[f"kog.{name}"] = types.SimpleNamespace(__file__=str(tmp_path / name / "__init__.py"))
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda n, *a: roots.get(n) or real(n, *a))
+    fake = source_digest()
+    assert fake != d
+    (tmp_path / "engine" / "sub" / "m.py").write_text("X = 'engine!'\n")
+    assert source_digest() not in (fake, d)
+    (tmp_path / "engine" / "sub" / "m.py").write_text("X = 'engine'\n")
+    assert source_digest() == fake

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-KEYS = {"device", "date", "git_commit", "versions", "model", "dtype", "prompt_tokens", "new_tokens", "copy_GBps",
+KEYS = {"device", "date", "git_commit", "source_digest", "versions", "model", "dtype", "prompt_tokens", "new_tokens", "copy_GBps",
         "weight_bytes_per_token", "limit_tok_per_s", "max_rel_err_oracle", "reference_max_rel_err_vs_fp32", "reference_first_divergence_oracle", "model_shapes",
         "systems"}
 
