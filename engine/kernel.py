@@ -1348,7 +1348,8 @@ def monokernel(
                             # for them now, so each costs an L2 round trip there, not an HBM one
                             for t0 in tl.static_range(BT, SPLIT, BT):
                                 if p0 + t0 < pos:
-                                    nb = (tl.minimum(pos - p0 - t0, BT) * HD * 2).to(tl.int32)
+                                    nb = (tl.minimum(pos - p0 - t0, BT) * HD
+                                          * (kbase.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
                                     ring_prefetch_l2(kbase + (p0 + t0) * HD, nb, VENDOR)
                                     ring_prefetch_l2(kbase + kc_layer + (p0 + t0) * HD, nb, VENDOR)
                         dh = tl.arange(0, HD)
