@@ -117,16 +117,24 @@ def phase_weight_bytes(shapes: dict[str, Any]) -> dict[str, int] | None:
     return {"qkv": qkv * H * es, "attn": 0, "o": H * q * es, "gate_up": 2 * I * H * es, "down": H * I * es}
 
 
+def _traced_token(tl: pd.DataFrame, system: str, need: set[str]) -> pd.DataFrame | None:
+    """The tasks of one traced token of `system`: the second when there are two or more (the first carries
+    the launch's start-up). None when there are none or the timeline lacks a column of `need`."""
+    t = tl[tl["system"] == system] if "system" in tl.columns else tl
+    if t.empty or not need <= set(t.columns):
+        return None
+    steps = sorted(t["step"].unique())
+    return t[t["step"] == (steps[1] if len(steps) > 1 else steps[0])]
+
+
 def layer_segments(tl: pd.DataFrame, system: str, copy_GBps: float | None,
                    phase_bytes: dict[str, int] | None) -> pd.DataFrame:
     """SEGMENT_COLUMNS rows of one traced token of `system` (the second traced token when there are two or
     more: the first carries the launch's start-up); stream_us / excess_us are NaN without bytes or a copy
     rate. Empty when the trace has no tasks of that system."""
-    t = tl[tl["system"] == system] if "system" in tl.columns else tl
-    if t.empty or not {"step", "layer", "phase", "end_ns"} <= set(t.columns):
+    tok = _traced_token(tl, system, {"step", "layer", "phase", "end_ns"})
+    if tok is None:
         return pd.DataFrame(columns=SEGMENT_COLUMNS)
-    steps = sorted(t["step"].unique())
-    tok = t[t["step"] == (steps[1] if len(steps) > 1 else steps[0])]
     ends = tok.groupby(["layer", "phase"])["end_ns"].max()
     rows = []
     for layer in sorted(tok.loc[tok["phase"] != "lm", "layer"].unique()):
@@ -157,18 +165,16 @@ HOP_COLUMNS = ["segment", "tail_us", "ready_us", "first_task_us", "task_us", "ta
 
 def hop_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     """What each critical-path segment a -> b of a layer is made of, median over the layers of one traced
-    token (the second when there are two or more, as layer_segments): tail_us, a's last CTA ending after
-    its median CTA (one tile more than others, per-SM rate spread); ready_us, b's input ready after a's last
+    token (_traced_token, as layer_segments): tail_us, a's last CTA ending after
+    its median CTA (one tile more than others, then contention); ready_us, b's input ready after a's last
     task ended (median CTA; a b task's start plus its wait, so the release, the poll and the hand-off);
     first_task_us and task_us, b's tasks busy (start to end less the wait), a CTA's first of the layer
     (input load, norm) and the others; tasks_max, b's tasks on the busiest CTA; span_us, a's last end to b's
     last end (what layer_segments measures). Needs the timeline's cta, start_ns and wait_ns columns."""
-    need = {"step", "layer", "phase", "cta", "start_ns", "end_ns", "wait_ns"}
-    t = tl[tl["system"] == system] if "system" in tl.columns else tl
-    if t.empty or not need <= set(t.columns):
+    tok = _traced_token(tl, system, {"step", "layer", "phase", "cta", "start_ns", "end_ns", "wait_ns"})
+    if tok is None:
         return pd.DataFrame(columns=HOP_COLUMNS)
-    steps = sorted(t["step"].unique())
-    tok = t[t["step"] == (steps[1] if len(steps) > 1 else steps[0])].sort_values(["cta", "start_ns"])
+    tok = tok.sort_values(["cta", "start_ns"])
     busy = (tok["end_ns"] - tok["start_ns"] - tok["wait_ns"]) / 1e3
     tok = tok.assign(busy=busy, k=tok.groupby(["cta", "layer", "phase"]).cumcount())
     rows = []
