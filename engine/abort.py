@@ -2,7 +2,7 @@
 
 sync word 0 is the abort flag every spin also polls; err holds [1, what, task, target, value], which
 Monokernel._check_error turns into one clear line (what: a counter index, or -1 token flag, -2 grid barrier,
--3 start-up rendezvous, -4 weight-ring slot, -5 tagged qkv rows, -6 a KV head's attention-split arrivals).
+-3 start-up rendezvous, -4 weight-ring slot, -5 tagged qkv rows).
 """
 from __future__ import annotations
 

@@ -884,69 +884,9 @@ def _tag_wait(qkvt_ptr, g, t1, sync_ptr, err_ptr, max_spin, task, HD: tl.constex
 
 
 @triton.jit
-def _attn_wait(qkvt_ptr, layer, qkv_ptr, g, has_new, t1, cnt_ptr, tgt_ptr, cb, R_QKV, rb, rm, sync_ptr, err_ptr, max_spin,
-               ti, w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-               QS: tl.constexpr, KVS: tl.constexpr, UPO: tl.constexpr, PFB: tl.constexpr, RING: tl.constexpr,
-               SLOTB: tl.constexpr, TAGQKV: tl.constexpr, WAIT: tl.constexpr, VENDOR: tl.constexpr):
-    """An attention task's wait for KV head g's q rows (and, has_new, its new k and v rows): the tagged words
-    polled (TAGQKV; GP rows), or the qkv counters. Returns (the qkv input to read, rb, rm)."""
-    if TAGQKV:   # qkv as token-tagged words: the wait polls them
-        qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
-        if WAIT:
-            if (PFB > 0) & (RING > 0):   # the attention hop streams no weights: ask the L2
-                ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
-            _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS, has_new)
-    else:
-        qkv_in = qkv_ptr
-        if WAIT:
-            rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1, rb, rm, sync_ptr,
-                                err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, UPO, PFB, VENDOR)
-            if has_new != 0:
-                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD, t1, rb, rm,
-                                    sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, UPO, PFB, VENDOR)
-                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD, QS + KVS + (g + 1) * HD, t1,
-                                    rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi, UPO, PFB, VENDOR)
-    return qkv_in, rb, rm
-
-
-@triton.jit
-def _rope_q(q, qs, cos, sin, qn_ptr, eps, HD: tl.constexpr, QK_NORM: tl.constexpr, DT: tl.constexpr):
-    """Query rows [rows, HD] (and their rotate-half partners qs) after the q norm (Qwen3) and RoPE at this
-    position, rounded to the model dtype as HF's are."""
-    d = tl.arange(0, HD)
-    half: tl.constexpr = HD // 2
-    dp = (d + half) % HD                         # rotate_half partner
-    sgn = tl.where(d < half, -1.0, 1.0)
-    if QK_NORM:
-        rq = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
-        q = _rnd(_rnd(q * rq[:, None], DT) * tl.load(qn_ptr + d)[None, :], DT)
-        qs = _rnd(_rnd(qs * rq[:, None], DT) * tl.load(qn_ptr + dp)[None, :], DT)
-    return _rnd(_rnd(q * cos[None, :], DT) + _rnd(sgn[None, :] * qs * sin[None, :], DT), DT)
-
-
-@triton.jit
-def _rope_k_store(k, ks, v, cos, sin, kbase, vbase, kn_ptr, pos, eps, HD: tl.constexpr, QK_NORM: tl.constexpr,
-                  DT: tl.constexpr):
-    """The new k row after the k norm and RoPE (rounded as HF's), written with the new v row to the cache at pos
-    for later tokens; returns the roped k."""
-    d = tl.arange(0, HD)
-    half: tl.constexpr = HD // 2
-    dp = (d + half) % HD
-    sgn = tl.where(d < half, -1.0, 1.0)
-    if QK_NORM:
-        rk_ = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
-        k = _rnd(_rnd(k * rk_, DT) * tl.load(kn_ptr + d), DT)
-        ks = _rnd(_rnd(ks * rk_, DT) * tl.load(kn_ptr + dp), DT)
-    k = _rnd(_rnd(k * cos, DT) + _rnd(sgn * ks * sin, DT), DT)
-    tl.store(kbase + pos * HD + d, k.to(DT))
-    tl.store(vbase + pos * HD + d, v.to(DT))
-    return k
-
-
-@triton.jit
 def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0, qn_ptr, kn_ptr, g, split, pos,
                 eps, sm_scale, S, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BT: tl.constexpr,
-                QK_NORM: tl.constexpr, BSP: tl.constexpr = 0, NEWPOS: tl.constexpr = True):
+                QK_NORM: tl.constexpr, BSP: tl.constexpr = 0):
     """One split of KV head g's attention: its G query heads (padded to GP >= 16 rows for tl.dot) over cache
     positions [p0, p0 + BSP) that precede pos, plus the new position pos when it falls in this split. Writes
     the split's softmax partial (acc, m, l) for the combine. The positions go through tl.dot in tiles of BT
@@ -957,18 +897,30 @@ def _attn_split(q, qs, k, ks, v, cos, sin, part_ptr, kbase, vbase, kb0, vb0, p0,
     SPAN: tl.constexpr = BSP if BSP > 0 else BT
     DT: tl.constexpr = kbase.dtype.element_ty
     d = tl.arange(0, HD)
+    half: tl.constexpr = HD // 2
+    dp = (d + half) % HD                         # rotate_half partner
+    sgn = tl.where(d < half, -1.0, 1.0)
     gq = tl.arange(0, GP)
-    q = _rope_q(q, qs, cos, sin, qn_ptr, eps, HD, QK_NORM, DT)
+    if QK_NORM:
+        rq = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
+        q = _rnd(_rnd(q * rq[:, None], DT) * tl.load(qn_ptr + d)[None, :], DT)
+        qs = _rnd(_rnd(qs * rq[:, None], DT) * tl.load(qn_ptr + dp)[None, :], DT)
+    q = _rnd(_rnd(q * cos[None, :], DT) + _rnd(sgn[None, :] * qs * sin[None, :], DT), DT)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, HD], dtype=tl.float32)
-    if NEWPOS:     # (ATTN_NEW: the new position is the head's own task, _attn_new; splits hold cached ones only)
-        if (pos >= p0) & (pos < p0 + SPAN):
-            # this split holds the new position: its k/v enter from registers and go to the cache for later tokens
-            k = _rope_k_store(k, ks, v, cos, sin, kbase, vbase, kn_ptr, pos, eps, HD, QK_NORM, DT)
-            m_i = _rnd(tl.sum(q * k[None, :], axis=1), DT) * sm_scale
-            l_i = tl.full([GP], 1.0, tl.float32)
-            acc = tl.zeros([GP, HD], dtype=tl.float32) + v[None, :]
+    if (pos >= p0) & (pos < p0 + SPAN):
+        # this split holds the new position: its k/v enter from registers and go to the cache for later tokens
+        if QK_NORM:
+            rk_ = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
+            k = _rnd(_rnd(k * rk_, DT) * tl.load(kn_ptr + d), DT)
+            ks = _rnd(_rnd(ks * rk_, DT) * tl.load(kn_ptr + dp), DT)
+        k = _rnd(_rnd(k * cos, DT) + _rnd(sgn * ks * sin, DT), DT)
+        tl.store(kbase + pos * HD + d, k.to(DT))
+        tl.store(vbase + pos * HD + d, v.to(DT))
+        m_i = _rnd(tl.sum(q * k[None, :], axis=1), DT) * sm_scale
+        l_i = tl.full([GP], 1.0, tl.float32)
+        acc = tl.zeros([GP, HD], dtype=tl.float32) + v[None, :]
     if p0 < pos:
         m_i, l_i, acc = _attn_block(q.to(DT), kb0, vb0, p0, pos, m_i, l_i, acc, sm_scale, BT)
     for t0 in range(BT, SPAN, BT):      # attn_tile: the split's later tiles (none when SPAN == BT)
@@ -987,18 +939,6 @@ def _attn_combine(part_ptr, attn_ptr, g, n_act, S, HD: tl.constexpr, G: tl.const
                   GH: tl.constexpr, SP: tl.constexpr, DT: tl.constexpr):
     """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output
     (GH = G rounded up to a power of two)."""
-    gq = tl.arange(0, GH)
-    d = tl.arange(0, HD)
-    M, Lw, A = _attn_partials(part_ptr, g, n_act, S, HD, GP, GH, SP)
-    o = A / Lw[:, None]
-    tl.store(attn_ptr + (g * G + gq)[:, None] * HD + d[None, :], _rnd(o, DT), mask=(gq < G)[:, None])
-
-
-@triton.jit
-def _attn_partials(part_ptr, g, n_act, S, HD: tl.constexpr, GP: tl.constexpr, GH: tl.constexpr,
-                   SP: tl.constexpr):
-    """KV head g's first n_act split partials folded into one: (M [GH], L [GH], A [GH, HD]), the weights
-    relative to the largest max M (n_act = 0: -inf, 0, 0)."""
     sp = tl.arange(0, SP)
     gq = tl.arange(0, GH)
     d = tl.arange(0, HD)
@@ -1010,25 +950,7 @@ def _attn_partials(part_ptr, g, n_act, S, HD: tl.constexpr, GP: tl.constexpr, GH
                 cache_modifier=".cg")                                  # [SP, GH, HD]
     M = tl.max(m, axis=0)                                              # [GH]
     w = tl.where(sm[:, None], tl.exp(m - M[None, :]), 0.0)             # [SP, GH]
-    return M, tl.sum(l * w, axis=0), tl.sum(a * w[:, :, None], axis=0)
-
-
-@triton.jit
-def _attn_new(M, Lw, A, q, qs, k, ks, v, cos, sin, attn_ptr, kbase, vbase, qn_ptr, kn_ptr, g, pos, eps, sm_scale,
-              HD: tl.constexpr, G: tl.constexpr, GH: tl.constexpr, QK_NORM: tl.constexpr):
-    """ATTN_NEW: KV head g's new position (its k / v into the cache) folded into its cached splits' merged
-    partials (M, Lw, A: _attn_partials), and the G heads' attention output stored. The new key enters as the
-    old split that held it entered it: its score rounded to the model dtype, weight exp(s - max) in float32."""
-    DT: tl.constexpr = kbase.dtype.element_ty
-    gq = tl.arange(0, GH)
-    d = tl.arange(0, HD)
-    q = _rope_q(q, qs, cos, sin, qn_ptr, eps, HD, QK_NORM, DT)
-    k = _rope_k_store(k, ks, v, cos, sin, kbase, vbase, kn_ptr, pos, eps, HD, QK_NORM, DT)
-    s = _rnd(tl.sum(q * k[None, :], axis=1), DT) * sm_scale           # [GH]
-    Mn = tl.maximum(M, s)
-    wc = tl.exp(M - Mn)                  # M = -inf (no cached position): 0
-    wn = tl.exp(s - Mn)
-    o = (A * wc[:, None] + v[None, :] * wn[:, None]) / (Lw * wc + wn)[:, None]
+    o = tl.sum(a * w[:, :, None], axis=0) / tl.sum(l * w, axis=0)[:, None]
     tl.store(attn_ptr + (g * G + gq)[:, None] * HD + d[None, :], _rnd(o, DT), mask=(gq < G)[:, None])
 
 
@@ -1211,9 +1133,6 @@ def monokernel(
     # EngineConfig.attn_tile > 0: BT is the attention's tl.dot tile (attn_tile) and BS the cache positions per
     # split (attn_block), which a split walks tile by tile; 0: a split is one tile of BT positions
     BS: tl.constexpr = 0,
-    # plan.ATTN_NEW_TASK: a KV head's attn_S tasks are attn_S - 1 splits of cached positions and the new
-    # position's task, which merges (kog.engine.plan.attn_tasks)
-    ATTN_NEW: tl.constexpr = False,
     # Monokernel(attn_stamps=True) on a traced launch: each attention split of the first trace_tokens tokens
     # records its sub-steps (_attn_stamp) in atr_ptr [grid, cap, 8]
     ATRACE: tl.constexpr = False, atr_ptr=None, atr_cap=0,
@@ -1257,11 +1176,6 @@ def monokernel(
         cn = nch * 0         # chunks consumed (an int32 tensor: loop-carried)
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, cn, cn, ring_sz_ptr, RING, SLOTB, RING_SIZES,
                        VENDOR, PF_DIST)
-    else:                # no ring: the cursors _attn_wait takes (for its blocked_prefetch) are never read
-        c_lo = 0
-        nch = 1
-        pmax = 0
-        pn = 0
     ROWSM: tl.constexpr = (ROWPF == 2) and (RING > 0)
     # O's input (the attention output) rides the ring's input cache when its one chunk is as wide as the cache
     XRAW_O: tl.constexpr = (RING > 0) and (BKC_O == BKC_X) and (QS <= BKC_O)
@@ -1410,9 +1324,7 @@ def monokernel(
                         tl.store(act_ptr + tl.load(aoff_ptr + lrow + 1) + rows, _rnd(y, DT))
                         pend_n += 1
                 elif dtyp == T_ATTN:
-                    # one split of one KV head; the last split to arrive merges the partials and publishes.
-                    # ATTN_NEW: the splits hold cached positions only, and the head's last task (split attn_S - 1)
-                    # folds the new position into their merged partials and publishes
+                    # one split of one KV head; the last split to arrive merges the partials and publishes
                     g = tile // attn_S
                     split = tile % attn_S
                     kbase = cache_ptr + tl.cast(layer, tl.int64) * 2 * kc_layer + tl.cast(g, tl.int64) * max_seq * HD
@@ -1420,116 +1332,82 @@ def monokernel(
                     if window > 0:
                         p_lo = tl.maximum(pos - window + 1, 0)
                     p0 = p_lo + split * SPLIT
-                    dh = tl.arange(0, HD)
                     if ATRACE:       # an empty split (p0 > pos) keeps these: no wait, no inputs, no math
                         a_wait = t_start
                         a_in = t_start
                         a_split = t_start
-                    if ATTN_NEW and (split == attn_S - 1):
-                        # the new position's task. The cached splits wait for q alone, which the qkv phase
-                        # produces first, so their partials are ready (or nearly) long before the phase's last
-                        # k / v tiles: fold them first; after the k / v wait only the new key's score and one
-                        # fold stand between the last qkv tile and O (before: a split's tiles, the arrival
-                        # atomic and the last arriver's reload of every partial)
+                    if p0 <= pos:
+                        # only the split that holds the new position reads this token's k and v; the others
+                        # wait for q alone, which the qkv phase produces first (its tiles are dealt in row
+                        # order, q's rows first), so they overlap the phase's last k / v tiles
+                        has_new = ((pos >= p0) & (pos < p0 + SPLIT)).to(tl.int32)
+                        # before the wait: all that does not depend on this token's q/k/v
+                        kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
+                        if ATTN_L2PF and (VENDOR == 1):
+                            # the split's later tiles are loaded in turn after the wait (registers); ask the L2
+                            # for them now, so each costs an L2 round trip there, not an HBM one
+                            for t0 in tl.static_range(BT, SPLIT, BT):
+                                if p0 + t0 < pos:
+                                    nb = (tl.minimum(pos - p0 - t0, BT) * HD
+                                          * (kbase.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
+                                    ring_prefetch_l2(kbase + (p0 + t0) * HD, nb, VENDOR)
+                                    ring_prefetch_l2(kbase + kc_layer + (p0 + t0) * HD, nb, VENDOR)
+                        dh = tl.arange(0, HD)
                         cs = tl.load(cos_ptr + pos * HD + dh)
                         sn = tl.load(sin_ptr + pos * HD + dh)
-                        _spin_until(sync_ptr + S_ARR + layer * NKV + g, (step + 1) * (attn_S - 1), sync_ptr, err_ptr,
-                                    max_spin, -6, ti, VENDOR)
-                        mc, lc, ac = _attn_partials(part_ptr, g, tl.minimum((pos - p_lo + SPLIT - 1) // SPLIT,
-                                                                            attn_S - 1), attn_S, HD, GP, GH, SP)
-                        qkv_in, rb, rm = _attn_wait(qkvt_ptr, layer, act_ptr + tl.load(aoff_ptr + lrow + 1), g, 1, t1,
-                                                    cnt_ptr, tgt_ptr, cb, R_QKV, rb, rm, sync_ptr, err_ptr, max_spin,
-                                                    ti, w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, HD, G, GH, QS,
-                                                    KVS, I * H, PFB, RING, SLOTB, TAGQKV, WAIT, VENDOR)
+                        if TAGQKV:   # qkv as token-tagged words: the wait polls them
+                            qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
+                            if WAIT:
+                                if (PFB > 0) & (RING > 0):   # the attention hop streams no weights: ask the L2
+                                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
+                                _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS,
+                                          has_new)
+                        else:
+                            qkv_in = act_ptr + tl.load(aoff_ptr + lrow + 1)
+                            if WAIT:
+                                rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, g * G * HD, (g + 1) * G * HD, t1,
+                                                    rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr, t_hi,
+                                                    I * H, PFB, VENDOR)
+                                if has_new != 0:
+                                    rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + g * HD, QS + (g + 1) * HD,
+                                                        t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, w_ptr, tasks_ptr,
+                                                        t_hi, I * H, PFB, VENDOR)
+                                    rb, rm = _wait_rows(cnt_ptr, tgt_ptr, cb, R_QKV, QS + KVS + g * HD,
+                                                        QS + KVS + (g + 1) * HD, t1, rb, rm, sync_ptr, err_ptr,
+                                                        max_spin, ti, w_ptr, tasks_ptr, t_hi, I * H, PFB, VENDOR)
                         if ATRACE:
                             a_wait = global_time_ns(VENDOR)
-                        q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GH, QS, KVS, TAGQKV, 1)
+                        q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS, TAGQKV, has_new)
                         if ATRACE:
                             a_in = global_time_after(tl.sum(tl.sum(q, axis=1), axis=0).to(tl.int32, bitcast=True),
                                                      VENDOR)
                         if WAIT:
                             if TRACE:
                                 waited = global_time_ns(VENDOR) - t_start
-                        _attn_new(mc, lc, ac, q, qs, kn, ksn, vn, cs, sn, act_ptr + tl.load(aoff_ptr + lrow + 2), kbase,
-                                  kbase + kc_layer, small_ptr + tl.load(soff_ptr + layer * 8 + 1),
-                                  small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, pos, eps, sm_scale, HD, G, GH,
-                                  QK_NORM)
-                        pend_n += 1
+                        _attn_split(q, qs, kn, ksn, vn, cs, sn, part_ptr, kbase, kbase + kc_layer, kb0, vb0, p0,
+                                    small_ptr + tl.load(soff_ptr + layer * 8 + 1),
+                                    small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
+                                    attn_S, HD, G, GP, BT, QK_NORM, SPLIT)
                         if ATRACE:
                             a_split = global_time_ns(VENDOR)
-                            if (step < trace_tokens) & (atr_n < atr_cap):
-                                _attn_stamp(atr_ptr, cta, atr_n, atr_cap, t_start, a_wait, a_in, a_split, a_split,
-                                            a_split, a_split >= 0, step, ti)
-                                atr_n += 1
-                    else:
-                        # a split: cache positions [p0, p0 + SPLIT) up to pos (ATTN_NEW: below pos)
-                        if ATTN_NEW:
-                            live = p0 < pos
-                        else:
-                            live = p0 <= pos
-                        if live:
-                            # only the split that holds the new position reads this token's k and v; the others
-                            # wait for q alone, which the qkv phase produces first (its tiles are dealt in row
-                            # order, q's rows first), so they overlap the phase's last k / v tiles
-                            if ATTN_NEW:
-                                has_new = 0
-                            else:
-                                has_new = ((pos >= p0) & (pos < p0 + SPLIT)).to(tl.int32)
-                            # before the wait: all that does not depend on this token's q/k/v
-                            kb0, vb0 = _cache_block(kbase, kbase + kc_layer, p0, pos, HD, BT)
-                            if ATTN_L2PF and (VENDOR == 1):
-                                # the split's later tiles are loaded in turn after the wait (registers); ask the L2
-                                # for them now, so each costs an L2 round trip there, not an HBM one
-                                for t0 in tl.static_range(BT, SPLIT, BT):
-                                    if p0 + t0 < pos:
-                                        nb = (tl.minimum(pos - p0 - t0, BT) * HD
-                                              * (kbase.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
-                                        ring_prefetch_l2(kbase + (p0 + t0) * HD, nb, VENDOR)
-                                        ring_prefetch_l2(kbase + kc_layer + (p0 + t0) * HD, nb, VENDOR)
-                            cs = tl.load(cos_ptr + pos * HD + dh)
-                            sn = tl.load(sin_ptr + pos * HD + dh)
-                            qkv_in, rb, rm = _attn_wait(qkvt_ptr, layer, act_ptr + tl.load(aoff_ptr + lrow + 1), g, has_new,
-                                                        t1, cnt_ptr, tgt_ptr, cb, R_QKV, rb, rm, sync_ptr, err_ptr,
-                                                        max_spin, ti, w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, HD,
-                                                        G, GP, QS, KVS, I * H, PFB, RING, SLOTB, TAGQKV, WAIT, VENDOR)
-                            if ATRACE:
-                                a_wait = global_time_ns(VENDOR)
-                            q, qs, kn, ksn, vn = _split_inputs(qkv_in, g, HD, G, GP, QS, KVS, TAGQKV, has_new)
-                            if ATRACE:
-                                a_in = global_time_after(tl.sum(tl.sum(q, axis=1), axis=0).to(tl.int32, bitcast=True),
-                                                         VENDOR)
-                            if WAIT:
-                                if TRACE:
-                                    waited = global_time_ns(VENDOR) - t_start
-                            _attn_split(q, qs, kn, ksn, vn, cs, sn, part_ptr, kbase, kbase + kc_layer, kb0, vb0, p0,
-                                        small_ptr + tl.load(soff_ptr + layer * 8 + 1),
-                                        small_ptr + tl.load(soff_ptr + layer * 8 + 2), g, split, pos, eps, sm_scale,
-                                        attn_S, HD, G, GP, BT, QK_NORM, SPLIT, not ATTN_NEW)
-                            if ATRACE:
-                                a_split = global_time_ns(VENDOR)
-                        tl.debug_barrier()
-                        # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
-                        # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
-                        # this head have all arrived; on a counter shared by the layers that early arrival made
-                        # the previous layer's real last split miss its turn (no merge, no release: deadlock)
-                        if ATTN_NEW:     # the new position's task merges: a release, nothing to read back
-                            old = tl.atomic_add(sync_ptr + S_ARR + layer * NKV + g, 1, sem="release", scope="gpu")
-                            last = old < 0
-                        else:
-                            old = tl.atomic_add(sync_ptr + S_ARR + layer * NKV + g, 1, sem="acq_rel", scope="gpu")
-                            last = old == (step + 1) * attn_S - 1
-                        if ATRACE:
-                            a_arr = global_time_after(old, VENDOR)
-                        if last:
-                            n_act = tl.minimum((pos - p_lo) // SPLIT + 1, attn_S)
-                            _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G,
-                                          GP, GH, SP, DT)
-                            pend_n += 1
-                        if ATRACE:
-                            if (step < trace_tokens) & (atr_n < atr_cap):
-                                _attn_stamp(atr_ptr, cta, atr_n, atr_cap, t_start, a_wait, a_in, a_split, a_arr,
-                                            global_time_ns(VENDOR), last, step, ti)
-                                atr_n += 1
+                    tl.debug_barrier()
+                    # one arrival counter per (layer, KV head): a split with no cached positions yet (p0 > pos)
+                    # skips the qkv wait and arrives at once, possibly before the previous layer's splits of
+                    # this head have all arrived; on a counter shared by the layers that early arrival made
+                    # the previous layer's real last split miss its turn (no merge, no release: deadlock)
+                    old = tl.atomic_add(sync_ptr + S_ARR + layer * NKV + g, 1, sem="acq_rel", scope="gpu")
+                    if ATRACE:
+                        a_arr = global_time_after(old, VENDOR)
+                    if old == (step + 1) * attn_S - 1:
+                        n_act = tl.minimum((pos - p_lo) // SPLIT + 1, attn_S)
+                        _attn_combine(part_ptr, act_ptr + tl.load(aoff_ptr + lrow + 2), g, n_act, attn_S, HD, G, GP,
+                                      GH, SP, DT)
+                        pend_n += 1
+                    if ATRACE:
+                        if (step < trace_tokens) & (atr_n < atr_cap):
+                            _attn_stamp(atr_ptr, cta, atr_n, atr_cap, t_start, a_wait, a_in, a_split, a_arr,
+                                        global_time_ns(VENDOR), old == (step + 1) * attn_S - 1, step, ti)
+                            atr_n += 1
                 elif dtyp == T_O:
                     rows = tile * BN_O + tl.arange(0, BN_O)
                     # the residual before the input wait where the plan proves it ready (plan.early_residual)

@@ -22,7 +22,7 @@ import torch
 from kog.engine.config import ConfigError, ModelConfig
 from kog.engine.engine_config import EngineConfig, fits, sm90_default
 from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_QKV, BUF_ACT, N_BUF, T_ATTN, T_BAR, TASK_NAMES, Plan,
-                             attn_tasks, make_plan)
+                             make_plan)
 from kog.engine.sampling import sample_mode
 from kog.engine.vendor import INTERPRET, ctas_per_sm_fit, vendor_code
 from kog.probe.errors import KogError
@@ -57,8 +57,7 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
 
 
 def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: int, vendor: int, sample: int,
-                trace: bool, tag_qkv: bool, ptrs: dict[str, Any], attn_stamps: bool = False,
-                attn_new: bool = False) -> dict[str, Any]:
+                trace: bool, tag_qkv: bool, ptrs: dict[str, Any], attn_stamps: bool = False) -> dict[str, Any]:
     """The keyword arguments of one monokernel launch: its constexprs (shapes, tiling, modes, the ring's slot
     and chunk widths), the optional pointers (`ptrs`: chunks_ptr, ring_lo_ptr, gring_ptr, ring_sz_ptr,
     rows4_ptr, grow_ptr, qkvt_ptr, each passed only where the config uses it, so kernel files that predate a
@@ -67,7 +66,7 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
     g = cfg.num_heads // cfg.num_kv_heads
     meta = dict(H=cfg.hidden_size, I=cfg.intermediate_size, V=cfg.vocab_size, L=cfg.num_layers,
                 HD=cfg.head_dim, NKV=cfg.num_kv_heads, G=g, GP=max(16, _next_pow2(g)), GH=_next_pow2(g),
-                SP=_next_pow2(attn_splits - int(attn_new)),        # the splits whose partials one task merges
+                SP=_next_pow2(attn_splits),
                 HAS_BIAS=bool(cfg.attention_bias), QK_NORM=bool(cfg.qk_norm),
                 BN_QKV=e.bn_qkv, BN_O=e.bn_o, BN_GU=e.bn_gate_up, BN_DOWN=e.bn_down, BN_LM=e.bn_lm,
                 BK=e.block_k, BT=e.attn_dot_tile(), GPOW=_next_pow2(grid), MODE=1 if e.mode == "targeted" else 0,
@@ -77,8 +76,6 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
                 num_warps=e.num_warps)
     if e.attn_tile:         # a split walks attn_block / attn_tile tiles (kernel: BS)
         meta["BS"] = e.attn_block
-    if attn_new:            # the new position's own task (plan.attn_tasks)
-        meta["ATTN_NEW"] = True
     if trace and attn_stamps:    # the attention splits' sub-step stamps (Monokernel(attn_stamps=True))
         meta.update(ATRACE=True, atr_ptr=ptrs["atr_ptr"], atr_cap=ptrs["atr_cap"])
     if e.flat_loop:      # only then: the kernel's other callers (and older kernel files) never see them
@@ -107,7 +104,6 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
 
 class Monokernel:
     EXACT_PREFILL = True        # prefill in float32 (see __init__); the TP ranks override it
-    ATTN_NEW_TASK_OK = True     # plan.attn_tasks may add the new position's task; the TP ranks keep splits only
     attn_stamps = False         # __init__(attn_stamps=True) turns it on (tables built without __init__: off)
 
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
@@ -138,9 +134,7 @@ class Monokernel:
         self.max_seq = self.ref.max_seq
         # attention splits: each covers attn_block positions, together the whole cache (or the sliding window)
         span = min(self.max_seq, getattr(cfg, "sliding_window", None) or self.max_seq)
-        self.ecfg, cached_splits = self.ecfg.attn_layout(span)
-        # attention tasks per KV head: the splits, and (plan.ATTN_NEW_TASK) the new position's task
-        self.attn_splits, self.attn_new = attn_tasks(self.ecfg, cached_splits, self.ATTN_NEW_TASK_OK)
+        self.ecfg, self.attn_splits = self.ecfg.attn_layout(span)
         self.plan: Plan = make_plan(cfg, self.ecfg, sms, sm_partition, self.attn_splits)
         self.trace_tokens = trace_tokens
         # traced launches also stamp each attention split's sub-steps (kog.engine.trace.attn_stamps_table)
@@ -411,7 +405,7 @@ class Monokernel:
                                      gring_ptr=getattr(self, "gring", None), ring_sz_ptr=getattr(self, "ring_sz", None),
                                      rows4_ptr=getattr(self, "rows4", None), grow_ptr=getattr(self, "grow", None),
                                      qkvt_ptr=self.qkvt, atr_ptr=self.atr, atr_cap=self.atr_cap),
-                           attn_stamps=self.attn_stamps, attn_new=self.attn_new)
+                           attn_stamps=self.attn_stamps)
         return out, logits, args, meta
 
     def _compile(self, args, meta) -> None:
@@ -490,8 +484,6 @@ class Monokernel:
             return "a weight-ring slot (its bulk copy never landed)"
         if idx == -5:
             return "the tagged qkv rows of an attention split (their token tag)"
-        if idx == -6:
-            return "the arrivals of a KV head's attention splits (the new position's task merges them)"
         lay = self.plan.layout
         best = None
         for layer in range(lay.shape[0]):

@@ -66,23 +66,6 @@ def early_residual(tasks: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
     return out
 
 
-# The new position's attention as its own task: a KV head's attention tasks are its cached-position splits,
-# then one task that folds the new key into their merged partials and publishes (kernel._attn_new). The splits
-# wait for q alone, which the qkv phase produces first, so the last k / v tiles are followed only by the new
-# key's score and one fold, not by a split's tiles, an arrival atomic and a reload of every partial. False: the
-# split holding the new position takes it, and the last split to arrive merges (before 2026-12-02;
-# bench/engine_check.py: "_ATTN_NEW_TASK")
-ATTN_NEW_TASK = True
-
-
-def attn_tasks(ecfg: EngineConfig, cached_splits: int, allowed: bool = True) -> tuple[int, bool]:
-    """(attention tasks per KV head, whether the last of them is the new position's task) for a layout of
-    `cached_splits` splits (EngineConfig.attn_layout). Off for tensor-parallel ranks and tp_compat (`allowed`
-    False; their numbers must match the TP kernel's bit for bit)."""
-    new = bool(ATTN_NEW_TASK and allowed and ecfg.tp_compat <= 1)
-    return cached_splits + int(new), new
-
-
 # Plan for at most this many SMs (None: all): the grid then holds fewer CTAs than the GPU could run, so phases
 # whose tile counts divide the smaller grid end evenly (bench/engine_check.py sets it per sweep entry:
 # "_SMS_CAP"; the topology mapping always plans every SM of its scan)
@@ -229,18 +212,12 @@ def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> None:
     order = {(t, layer): i for i, (t, layer, _) in enumerate(expected)}
     for c in range(plan.grid):
         last = -1
-        prev_tile = -1
         for ttype, layer, tile, _ in plan.tasks_of(c):
             if ttype == T_BAR:
                 continue
             k = order[(int(ttype), int(layer))]
             assert k >= last, f"CTA {c}: task of phase {k} after phase {last}"
-            # a KV head's merging task waits for its splits, which come before it in tile order: no CTA may
-            # run a later attention tile of a layer before an earlier one (no wait cycle)
-            assert not (ttype == T_ATTN and k == last and tile < prev_tile), \
-                f"CTA {c}: attention tile {tile} after tile {prev_tile}"
             last = k
-            prev_tile = int(tile)
             seen[(int(ttype), int(layer))] += 1
     for t, layer, n in expected:
         assert seen[(t, layer)] == n, f"phase {TASK_NAMES[t]} layer {layer}: {seen[(t, layer)]} tasks, want {n}"

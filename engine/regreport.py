@@ -70,7 +70,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     from triton.runtime.jit import MockTensor
 
     from kog.engine.monokernel import kernel_meta
-    from kog.engine.plan import attn_tasks, make_plan, tagged_qkv
+    from kog.engine.plan import make_plan, tagged_qkv
     from kog.engine.sampling import sample_mode
 
     e = ecfg
@@ -82,8 +82,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     if max_seq is None:
         max_seq = max(prompt_len + tokens + 1, 64)      # KogSystem._engine
     span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
-    e, cached_splits = e.attn_layout(span)
-    attn_splits, attn_new = attn_tasks(e, cached_splits)        # as Monokernel.__init__
+    e, attn_splits = e.attn_layout(span)
     p = make_plan(cfg, e, sms, None, attn_splits)
     # Monokernel._pack: the small fp32 buffer's layout decides fnorm_off
     so = 64
@@ -111,7 +110,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 grow_ptr=T(i32), qkvt_ptr=T(i64), atr_ptr=T(i64), atr_cap=trace_cap)
     meta = kernel_meta(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
                        sample=sample_mode(temperature, top_k, top_p), trace=trace,
-                       tag_qkv=tagged_qkv(e), ptrs=ptrs, attn_stamps=attn_stamps, attn_new=attn_new)
+                       tag_qkv=tagged_qkv(e), ptrs=ptrs, attn_stamps=attn_stamps)
     return args, meta
 
 

@@ -6,8 +6,7 @@ import pytest
 
 from kog.engine.config import PRESETS, ConfigError
 from kog.engine.engine_config import EngineConfig
-from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, attn_tasks, check_plan,
-                             make_plan)
+from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, check_plan, make_plan)
 
 LLAMA = PRESETS["llama-3.2-1b"]
 
@@ -152,25 +151,3 @@ def test_early_residual_marks_only_tasks_whose_residual_a_wait_proved_ready(monk
     assert not es[small.tasks[:, 0] == T_QKV].any() and (~es[np.isin(small.tasks[:, 0], [T_O, T_DOWN])]).any()
     monkeypatch.setattr(plan_mod, "EARLY_RESIDUAL", False)
     assert not early_residual(p.tasks, p.cta_start).any()
-
-
-def test_new_position_task_and_attention_tile_order(monkeypatch):
-    """plan.ATTN_NEW_TASK: one more attention task per KV head (the new position's, which merges the head's
-    splits), off for tensor-parallel ranks and tp_compat. Its wait on the splits is safe because every CTA
-    runs a layer's attention tiles in increasing order (the splits' tiles precede the head's merging task):
-    check_plan refuses a CTA that runs a later attention tile first."""
-    from kog.engine import plan
-    e = EngineConfig()
-    assert attn_tasks(e, 10) == (11, True)
-    assert attn_tasks(e, 10, allowed=False) == (10, False)
-    assert attn_tasks(e.replace(tp_compat=2), 10) == (10, False)
-    monkeypatch.setattr(plan, "ATTN_NEW_TASK", False)
-    assert attn_tasks(e, 10) == (10, False)
-    monkeypatch.undo()
-    p = make_plan(LLAMA, EngineConfig(ctas_per_sm=1), 4, attn_splits=11)    # 88 attention tasks a layer, 4 CTAs
-    check_plan(p, LLAMA, EngineConfig(ctas_per_sm=1))
-    ts = p.tasks_of(0)
-    i = np.flatnonzero((ts[:, 0] == T_ATTN) & (ts[:, 1] == 0))[:2]
-    p.tasks[p.cta_start[0] + i] = p.tasks[p.cta_start[0] + i[::-1]]
-    with pytest.raises(AssertionError, match="attention tile"):
-        check_plan(p, LLAMA, EngineConfig(ctas_per_sm=1))

@@ -438,32 +438,6 @@ def test_tagged_qkv_handoff_replaces_the_qkv_counters(monkeypatch):
     assert not mk2.tag_qkv and (mk2.tasks[mk2.tasks[:, 0] == T_QKV, 6] >= 0).all()
 
 
-@pytest.mark.parametrize("new, mode, cfg, prompt", [
-    (True, "targeted", TINY, [5]),                              # no cached position: the new task alone
-    (True, "grid", TINY, list(range(3, 43))),                   # three splits of cached positions
-    (True, "targeted", TINY.replace(arch="mistral", sliding_window=12), list(range(3, 23))),
-    (False, "targeted", TINY, list(range(3, 43))),              # the split holding the new position; last merges
-])
-def test_new_position_task_matches_reference(monkeypatch, new, mode, cfg, prompt):
-    """plan.ATTN_NEW_TASK: each KV head's attention tasks are its splits of cached positions and the new
-    position's task, which folds the new key into their merged partials (kernel._attn_new); off, the split
-    holding the new position takes it and the last split to arrive merges. Same tokens and logits as the
-    float32 reference either way, from a one-token prompt to a sliding window; a timed-out wait on the
-    splits' arrivals is described as such."""
-    from kog.engine import plan
-    from kog.engine.plan import T_ATTN
-    monkeypatch.setattr(plan, "ATTN_NEW_TASK", new)
-    e = SMALL_TILES.replace(mode=mode)
-    ref, got, err = run_both(cfg, torch.float32, e, prompt, n=4)
-    assert got == ref and err < 1e-4
-    mk = Monokernel(cfg, random_weights(cfg, "cpu", seed=3, dtype=torch.float32), e, max_seq=64)
-    span = min(64, getattr(cfg, "sliding_window", None) or 64)
-    cached = e.attn_layout(span)[1]
-    assert (mk.attn_splits, mk.attn_new) == (cached + int(new), new)
-    assert int((mk.plan.tasks[:, 0] == T_ATTN).sum()) == cfg.num_layers * cfg.num_kv_heads * mk.attn_splits
-    assert "arrivals" in mk._describe_counter(-6)
-
-
 @pytest.mark.parametrize("ring", [0, 2])
 def test_compile_only_engine_differs_only_in_its_weight_buffer(ring):
     """compile_only (what kogtune's parallel compile processes build): the streamed weight buffer is a
