@@ -802,25 +802,6 @@ def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
 
 
 @triton.jit
-def _attn_kv_prefetch(cache_ptr, tile, layer, attn_S, pos, window, kc_layer, max_seq, HD: tl.constexpr,
-                      SPLIT: tl.constexpr, VENDOR: tl.constexpr):
-    """L2-prefetch the cached K and V of attention tile `tile` of `layer` (KV head tile // attn_S, split
-    tile % attn_S): the positions of [p0, p0 + SPLIT) below pos, which earlier tokens wrote. Issued a few tasks
-    before the split (plan.ATTN_KV_LEAD), so its loads find them in L2 instead of queueing behind the weight
-    stream's copies."""
-    g = tile // attn_S
-    p_lo = 0
-    if window > 0:
-        p_lo = tl.maximum(pos - window + 1, 0)
-    p0 = p_lo + (tile % attn_S) * SPLIT
-    if p0 < pos:
-        kbase = cache_ptr + tl.cast(layer, tl.int64) * 2 * kc_layer + tl.cast(g, tl.int64) * max_seq * HD + p0 * HD
-        nb = (tl.minimum(pos - p0, SPLIT) * HD * (cache_ptr.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
-        ring_prefetch_l2(kbase, nb, VENDOR)
-        ring_prefetch_l2(kbase + kc_layer, nb, VENDOR)
-
-
-@triton.jit
 def _qkv_val(ptr, offs, mask, TAG: tl.constexpr):
     """qkv values at offs: the fp32 activation buffer, or (TAG) the tagged buffer's 64-bit words (low half:
     the value's bits, high half: the token tag; _tag_store), read from L2."""
@@ -1152,9 +1133,6 @@ def monokernel(
     # EngineConfig.attn_tile > 0: BT is the attention's tl.dot tile (attn_tile) and BS the cache positions per
     # split (attn_block), which a split walks tile by tile; 0: a split is one tile of BT positions
     BS: tl.constexpr = 0,
-    # plan.ATTN_KV_LEAD (row_prefetch 2 rows): a task row may carry an attention split whose cached K / V its
-    # CTA L2-prefetches when the task starts
-    ATTN_KVPF: tl.constexpr = False,
     # Monokernel(attn_stamps=True) on a traced launch: each attention split of the first trace_tokens tokens
     # records its sub-steps (_attn_stamp) in atr_ptr [grid, cap, 8]
     ATRACE: tl.constexpr = False, atr_ptr=None, atr_cap=0,
@@ -1260,11 +1238,7 @@ def monokernel(
                     if blk0:
                         tl.debug_barrier()
                     nxt = rows_load(rows4_ptr, ti + ROW_BLOCK, t_hi, blk0)
-                    typ, layer, tile, rel, cb, early, kvpf = row_read(rbase, grow_ptr, cta, j, VENDOR)
-                    if ATTN_KVPF and (VENDOR == 1):
-                        if kvpf > 0:     # an attention split a few tasks on: its cached K / V into L2 now
-                            _attn_kv_prefetch(cache_ptr, kvpf - 1, layer + (typ != T_QKV).to(tl.int32), attn_S,
-                                              pos, window, kc_layer, max_seq, HD, SPLIT, VENDOR)
+                    typ, layer, tile, rel, cb, early = row_read(rbase, grow_ptr, cta, j, VENDOR)
                     w_off = tl.zeros([], dtype=tl.int64)     # the ring reads no weight offset
                 elif ROWPF == 1:
                     early = 0

@@ -57,8 +57,7 @@ def _run_lengths(rows: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
 
 
 def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: int, vendor: int, sample: int,
-                trace: bool, tag_qkv: bool, ptrs: dict[str, Any], attn_stamps: bool = False,
-                attn_kvpf: bool = False) -> dict[str, Any]:
+                trace: bool, tag_qkv: bool, ptrs: dict[str, Any], attn_stamps: bool = False) -> dict[str, Any]:
     """The keyword arguments of one monokernel launch: its constexprs (shapes, tiling, modes, the ring's slot
     and chunk widths), the optional pointers (`ptrs`: chunks_ptr, ring_lo_ptr, gring_ptr, ring_sz_ptr,
     rows4_ptr, grow_ptr, qkvt_ptr, each passed only where the config uses it, so kernel files that predate a
@@ -95,8 +94,6 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
             meta.update(RING_SIZES=True, ring_sz_ptr=ptrs["ring_sz_ptr"])
         if e.row_prefetch == 2:
             meta.update(rows4_ptr=ptrs["rows4_ptr"], grow_ptr=ptrs["grow_ptr"])
-            if attn_kvpf:    # the rows carry K / V prefetch marks (plan.attn_kv_marks)
-                meta["ATTN_KVPF"] = True
     if vendor == 1:
         # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
         meta["maxnreg"] = min(255, (65536 // (e.ctas_per_sm * e.num_warps * 32)) // 8 * 8)
@@ -107,8 +104,6 @@ def kernel_meta(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: in
 
 class Monokernel:
     EXACT_PREFILL = True        # prefill in float32 (see __init__); the TP ranks override it
-    ATTN_KV_PREFETCH_OK = True  # plan.ATTN_KV_LEAD's early K / V prefetch (row_prefetch 2); off on the TP ranks
-    attn_kvpf = False           # whether this engine's task rows carry those prefetch marks (_alloc)
     attn_stamps = False         # __init__(attn_stamps=True) turns it on (tables built without __init__: off)
 
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
@@ -305,13 +300,8 @@ class Monokernel:
         if e.row_prefetch == 2:      # task rows through shared memory (kog.engine.ring.compact_rows)
             from kog.engine.plan import early_residual
             from kog.engine.ring import ROW_BLOCK, compact_rows
-            from kog.engine.plan import ATTN_KV_LEAD, attn_kv_marks
             early = early_residual(tasks, self.plan.cta_start)
-            # the attention splits' K / V L2-prefetched ATTN_KV_LEAD tasks ahead (the kernel issues them on
-            # NVIDIA; the interpreter decodes the marked rows and skips the prefetch)
-            self.attn_kvpf = bool(ATTN_KV_LEAD > 0 and self.ATTN_KV_PREFETCH_OK)
-            kvpf = attn_kv_marks(tasks, self.plan.cta_start) if self.attn_kvpf else None
-            self.rows4 = torch.tensor(compact_rows(tasks, early, kvpf), dtype=torch.int32, device=self.device)
+            self.rows4 = torch.tensor(compact_rows(tasks, early), dtype=torch.int32, device=self.device)
             n = self.plan.grid * 2 * ROW_BLOCK.value * 4 if self.vendor == INTERPRET else 1
             self.grow = torch.zeros(n, dtype=torch.int32, device=self.device)
 
@@ -415,7 +405,7 @@ class Monokernel:
                                      gring_ptr=getattr(self, "gring", None), ring_sz_ptr=getattr(self, "ring_sz", None),
                                      rows4_ptr=getattr(self, "rows4", None), grow_ptr=getattr(self, "grow", None),
                                      qkvt_ptr=self.qkvt, atr_ptr=self.atr, atr_cap=self.atr_cap),
-                           attn_stamps=self.attn_stamps, attn_kvpf=self.attn_kvpf)
+                           attn_stamps=self.attn_stamps)
         return out, logits, args, meta
 
     def _compile(self, args, meta) -> None:

@@ -66,41 +66,6 @@ def early_residual(tasks: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
     return out
 
 
-# An attention split's cached K / V are bulk-prefetched into L2 by its CTA this many tasks before the split
-# (0: off). An HBM read issued while the weight stream runs waits behind every ring's outstanding copies
-# (264 CTAs x 3 slots x 20 KB = 15.8 MB, ~3.5 us at 4.5 TB/s on the H200): a split that loaded its first
-# K / V tile at its own start waited until ~0.7 us after the qkv phase's last tile whenever it started, 2-4 us
-# after its q was ready (sheared-llama-2.7b, bench/h200/ENGINE_NOTES.md, session 13). Issued at the CTA's task
-# ATTN_KV_LEAD places earlier (within the token, at most back into the previous layer), the K / V sit in L2
-# when the split starts. bench/engine_check.py: "_ATTN_KV_LEAD"
-ATTN_KV_LEAD = 6
-
-
-def attn_kv_marks(tasks: np.ndarray, cta_start: np.ndarray, lead: int | None = None) -> np.ndarray:
-    """Per task (rows of `tasks`: type, layer, tile, ...), 1 + the attention tile whose cached K / V its CTA
-    L2-prefetches when it starts this task (0: none): each attention task's mark sits `lead` places earlier in
-    its CTA's list (ATTN_KV_LEAD), on a task of the same layer or of the previous layer after its qkv phase (the
-    kernel takes the attention's layer as this task's, + 1 unless this task is a qkv task), and on the
-    nearest free task after that place if two attention tasks would share one."""
-    lead = ATTN_KV_LEAD if lead is None else lead
-    out = np.zeros(len(tasks), dtype=np.int64)
-    if lead <= 0:
-        return out
-    for c in range(len(cta_start) - 1):
-        lo, hi = int(cta_start[c]), int(cta_start[c + 1])
-        for i in range(lo, hi):
-            typ, layer = int(tasks[i, 0]), int(tasks[i, 1])
-            if typ != T_ATTN:
-                continue
-            for j in range(max(i - lead, lo), i):
-                tj, lj = int(tasks[j, 0]), int(tasks[j, 1])
-                ok = (tj == T_QKV and lj == layer) or (tj in (T_ATTN, T_O, T_GU, T_DOWN) and lj == layer - 1)
-                if ok and out[j] == 0:
-                    out[j] = int(tasks[i, 2]) + 1
-                    break
-    return out
-
-
 # Plan for at most this many SMs (None: all): the grid then holds fewer CTAs than the GPU could run, so phases
 # whose tile counts divide the smaller grid end evenly (bench/engine_check.py sets it per sweep entry:
 # "_SMS_CAP"; the topology mapping always plans every SM of its scan)

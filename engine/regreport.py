@@ -70,7 +70,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     from triton.runtime.jit import MockTensor
 
     from kog.engine.monokernel import kernel_meta
-    from kog.engine.plan import ATTN_KV_LEAD, make_plan, tagged_qkv
+    from kog.engine.plan import make_plan, tagged_qkv
     from kog.engine.sampling import sample_mode
 
     e = ecfg
@@ -110,8 +110,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 grow_ptr=T(i32), qkvt_ptr=T(i64), atr_ptr=T(i64), atr_cap=trace_cap)
     meta = kernel_meta(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
                        sample=sample_mode(temperature, top_k, top_p), trace=trace,
-                       tag_qkv=tagged_qkv(e), ptrs=ptrs, attn_stamps=attn_stamps,
-                       attn_kvpf=ATTN_KV_LEAD > 0)      # as Monokernel._alloc
+                       tag_qkv=tagged_qkv(e), ptrs=ptrs, attn_stamps=attn_stamps)
     return args, meta
 
 

@@ -220,25 +220,17 @@ def ring_chunk_bytes(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int
     return np.asarray(out, dtype=np.int32)
 
 
-def compact_rows(tasks: np.ndarray, early: np.ndarray | None = None, kvpf: np.ndarray | None = None) -> np.ndarray:
+def compact_rows(tasks: np.ndarray, early: np.ndarray | None = None) -> np.ndarray:
     """The task table ([T, 8]: type, layer, tile, barrier number, weight offset, lines, release counter, wait
     base) as the shared-memory row blocks hold it (row_prefetch 2): [T, 4] int32 = type | early << 7 | layer
-    << 8 | kvpf << 16, tile (a barrier task: its barrier number), release counter, wait base. `early` (bool
-    per task, kog.engine.plan.early_residual): the task's residual rows may load before its input wait.
-    `kvpf` (kog.engine.plan.attn_kv_marks): 1 + the attention tile whose cached K / V the task L2-prefetches
-    (0: none). The ring path reads no weight offset."""
+    << 8, tile (a barrier task: its barrier number), release counter, wait base. `early` (bool per task,
+    kog.engine.plan.early_residual): the task's residual rows may load before its input wait. The ring path
+    reads no weight offset."""
     t = np.asarray(tasks, dtype=np.int64)
-    if len(t) and int(t[:, 1].max()) > 255:
-        raise ValueError("compact task rows hold layers 0..255 (the LM head's included)")
     out = np.zeros((len(t), 4), dtype=np.int64)
     out[:, 0] = t[:, 0] | (t[:, 1] << 8)
     if early is not None:
         out[:, 0] |= np.asarray(early, dtype=np.int64) << 7
-    if kvpf is not None:
-        kvpf = np.asarray(kvpf, dtype=np.int64)
-        if len(kvpf) and int(kvpf.max()) >= 1 << 15:
-            raise ValueError("compact task rows hold attention tiles below 32767")
-        out[:, 0] |= kvpf << 16
     out[:, 1] = np.where(t[:, 0] == T_BAR, t[:, 3], t[:, 2])
     out[:, 2] = t[:, 6]
     out[:, 3] = t[:, 7]
@@ -274,9 +266,8 @@ def rows_store(rbase, grow_ptr, cta, buf, v, VENDOR: tl.constexpr):
 
 @triton.jit
 def row_read(rbase, grow_ptr, cta, j, VENDOR: tl.constexpr):
-    """(type, layer, tile, release counter, wait base, early, kvpf) of the CTA's j-th task of the token (early:
-    its residual rows may load before its input wait; kvpf: 1 + the attention tile whose K / V it
-    L2-prefetches; compact_rows)."""
+    """(type, layer, tile, release counter, wait base, early) of the CTA's j-th task of the token (early: its
+    residual rows may load before its input wait, compact_rows)."""
     i = ((j // ROW_BLOCK) % 2) * ROW_BLOCK + j % ROW_BLOCK
     if VENDOR == 1:
         a = rbase + ROW_AREA + i * 16
@@ -290,7 +281,7 @@ def row_read(rbase, grow_ptr, cta, j, VENDOR: tl.constexpr):
         w1 = tl.load(b + 1)
         w2 = tl.load(b + 2)
         w3 = tl.load(b + 3)
-    return w0 & 127, (w0 >> 8) & 255, w1, w2, w3, (w0 >> 7) & 1, w0 >> 16
+    return w0 & 127, w0 >> 8, w1, w2, w3, (w0 >> 7) & 1
 
 
 @triton.jit

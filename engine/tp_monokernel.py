@@ -105,7 +105,6 @@ def tp_devices(G: int, devices=None) -> list[torch.device]:
 class _Rank(Monokernel):
     """One rank: a Monokernel over its shard whose plan, task table and tables come from the TP plan."""
     EXACT_PREFILL = False       # the ranks' prefill and RoPE tables stay in the model dtype (tp_compat matches it)
-    ATTN_KV_PREFETCH_OK = False  # the TP kernel's rows carry no K / V prefetch marks
 
     def __init__(self, owner: "TPMonokernel", rank: int, shard_cfg: ModelConfig, w: Weights, ecfg: EngineConfig,
                  device, max_seq):

@@ -6,8 +6,7 @@ import pytest
 
 from kog.engine.config import PRESETS, ConfigError
 from kog.engine.engine_config import EngineConfig
-from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, attn_kv_marks, check_plan,
-                             make_plan)
+from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, check_plan, make_plan)
 
 LLAMA = PRESETS["llama-3.2-1b"]
 
@@ -152,29 +151,3 @@ def test_early_residual_marks_only_tasks_whose_residual_a_wait_proved_ready(monk
     assert not es[small.tasks[:, 0] == T_QKV].any() and (~es[np.isin(small.tasks[:, 0], [T_O, T_DOWN])]).any()
     monkeypatch.setattr(plan_mod, "EARLY_RESIDUAL", False)
     assert not early_residual(p.tasks, p.cta_start).any()
-
-
-def test_attn_kv_marks_sit_lead_tasks_before_each_split():
-    """plan.attn_kv_marks: every attention task's K / V prefetch mark (1 + its tile) sits on a task of its CTA
-    `lead` places earlier, on a qkv task of its layer or a task of the previous layer after that layer's qkv
-    (the kernel's rule for the attention's layer), one mark a task; lead 0 marks nothing."""
-    sheared = PRESETS["sheared-llama-2.7b"]
-    e = EngineConfig(bn_qkv=4, bn_o=4, bn_gate_up=2, bn_down=2, bn_lm=4, block_k=4096, sync_rows=4096)
-    p = make_plan(sheared, e, 132, attn_splits=10)
-    assert not attn_kv_marks(p.tasks, p.cta_start, 0).any()
-    for lead in (1, 6):
-        marks = attn_kv_marks(p.tasks, p.cta_start, lead)
-        n_attn = int((p.tasks[:, 0] == T_ATTN).sum())
-        assert int((marks > 0).sum()) == n_attn
-        for c in range(p.grid):
-            lo, hi = int(p.cta_start[c]), int(p.cta_start[c + 1])
-            for j in np.flatnonzero(marks[lo:hi]) + lo:
-                typ, layer = int(p.tasks[j, 0]), int(p.tasks[j, 1])
-                alayer = layer + (typ != T_QKV)
-                i = [k for k in range(j + 1, hi) if p.tasks[k, 0] == T_ATTN and p.tasks[k, 1] == alayer
-                     and p.tasks[k, 2] == marks[j] - 1]
-                assert i and i[0] - j <= lead
-        if lead == 6:     # sheared: 7 qkv tiles before a CTA's split, so the mark is 6 places ahead
-            first = [j for j in np.flatnonzero(marks)]
-            gaps = [next(k for k in range(j + 1, len(p.tasks)) if p.tasks[k, 0] == T_ATTN) - j for j in first[:50]]
-            assert max(gaps) == 6

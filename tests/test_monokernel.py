@@ -318,10 +318,6 @@ def test_compact_rows_and_row_prefetch_2_validation():
     assert compact_rows(tab).tolist() == [[T_GU | 7 << 8, 300, 41, 12], [T_BAR | 3 << 8, 17, -1, 0]]
     # bit 7: the task's residual may load before its input wait (plan.early_residual)
     assert compact_rows(tab, np.array([True, False]))[:, 0].tolist() == [T_GU | 1 << 7 | 7 << 8, T_BAR | 3 << 8]
-    # plan.attn_kv_marks: 1 + an attention tile whose K / V the task L2-prefetches, above the layer's 8 bits
-    assert compact_rows(tab, None, np.array([5, 0]))[:, 0].tolist() == [T_GU | 7 << 8 | 5 << 16, T_BAR | 3 << 8]
-    with pytest.raises(ValueError, match="layers"):
-        compact_rows(np.array([[T_GU, 256, 0, 0, 0, 0, 0, 0]]))
     with pytest.raises(ConfigError, match="row_prefetch 2"):
         EngineConfig(row_prefetch=2).validate(TINY)
     with pytest.raises(ConfigError, match="row_prefetch"):
