@@ -59,11 +59,6 @@ XCACHE_DOWN: tl.constexpr = tl.constexpr(True)
 # an attention split of several tiles (EngineConfig.attn_tile) asks the L2 for its later tiles' K/V before
 # its wait (one bulk prefetch each), as it loads the first tile's into registers there
 ATTN_L2PF: tl.constexpr = tl.constexpr(True)
-# EngineConfig.blocked_prefetch with the ring applies on the attention hop only (the splits' waits and O's
-# input wait), where no weights stream: on every hop it slowed the weight stream itself (session 10), as an
-# L2 round trip issued during the stream queues behind every ring's copies (session 13). Grid mode's barriers
-# keep it at every barrier.
-PFB_ATTN_HOP_ONLY: tl.constexpr = tl.constexpr(True)
 
 # task types: keep in sync with plan.py
 T_QKV: tl.constexpr = tl.constexpr(0)
@@ -402,8 +397,7 @@ def _x_pairs(x_ptr, g_ptr, eps, k0, ne, K: tl.constexpr, BKC: tl.constexpr, NORM
 def _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, sync_ptr, err_ptr, max_spin, task,
                 waited, w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, K: tl.constexpr, BKC: tl.constexpr,
                 NORM: tl.constexpr, WAIT: tl.constexpr, SLOTB: tl.constexpr, UPO: tl.constexpr,
-                TRACE: tl.constexpr, VENDOR: tl.constexpr, PFB: tl.constexpr, SSV: tl.constexpr, sz_ptr=None,
-                SIZES: tl.constexpr = False):
+                TRACE: tl.constexpr, VENDOR: tl.constexpr, PFB: tl.constexpr, SSV: tl.constexpr):
     """The input of the K step at k0 (nothing, all masked, when k0 >= K): wait for its rows' counters, then
     load its x pairs (_x_pairs). Returns (xl, xh, s2, rb, rm, waited)."""
     ne = tl.minimum(BKC, K - k0)
@@ -411,7 +405,7 @@ def _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm, s
         if k0 < K:
             if PFB > 0:    # blocked on the input: HBM streams the PFB chunks beyond the ring meanwhile
                 if _not_ready(cnt_ptr, tgt_ptr, cbase, R, k0 + ne, t1, rb, rm):
-                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR, sz_ptr, SIZES)
+                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
             rb, rm, waited = _timed_wait(cnt_ptr, tgt_ptr, cbase, R, k0, k0 + ne, t1, rb, rm, sync_ptr, err_ptr,
                                          max_spin, task, waited, w_ptr, tasks_ptr, t_hi, UPO, 0, TRACE, VENDOR)
     xl, xh, s2 = _x_pairs(x_ptr, g_ptr, eps, k0, ne, K, BKC, NORM, DT=w_ptr.dtype.element_ty, SSV=SSV)
@@ -461,7 +455,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
         xn_l, xn_h, sn, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, 0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
                                                      sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr,
                                                      t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT, SLOTB, UPO,
-                                                     TRACE, VENDOR, PFB, True, sz_ptr, SIZES)
+                                                     TRACE, VENDOR, PFB, True)
     for k0 in range(0, K, BKC):
         ne = tl.minimum(BKC, K - k0)
         pn = ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS, SLOTB, SIZES, VENDOR, PF)
@@ -472,7 +466,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
             xn_l, xn_h, sn, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0 + BKC, cnt_ptr, tgt_ptr, cbase, R,
                                                          t1, rb, rm, sync_ptr, err_ptr, max_spin, task, waited,
                                                          w_ptr, tasks_ptr, t_hi, c_lo, nch, pmax, pn, K, BKC, NORM,
-                                                         WAIT, SLOTB, UPO, TRACE, VENDOR, PFB, True, sz_ptr, SIZES)
+                                                         WAIT, SLOTB, UPO, TRACE, VENDOR, PFB, True)
         elif CACHED:
             if xkey == xc_key:       # this token's input, as an earlier task of this CTA loaded (and normed) it
                 xl = xc_l
@@ -481,7 +475,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                 xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb,
                                                          rm, sync_ptr, err_ptr, max_spin, task, waited, w_ptr,
                                                          tasks_ptr, t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT,
-                                                         SLOTB, UPO, TRACE, VENDOR, PFB, False, sz_ptr, SIZES)
+                                                         SLOTB, UPO, TRACE, VENDOR, PFB, False)
                 xc_l = xl
                 xc_h = xh
                 xc_key = xkey
@@ -492,7 +486,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
                 xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb,
                                                          rm, sync_ptr, err_ptr, max_spin, task, waited, w_ptr,
                                                          tasks_ptr, t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT,
-                                                         SLOTB, UPO, TRACE, VENDOR, PFB, False, sz_ptr, SIZES)
+                                                         SLOTB, UPO, TRACE, VENDOR, PFB, False)
                 xd = pack_pairs(xl, xh, DT)
                 xd_key = xkey
                 # the first task computes with the words too, so every down task of the token sees one input
@@ -501,7 +495,7 @@ def _gemv_ring(rbase, gring_ptr, cta, cn, pn, w_ptr, c_lo, nch, pmax, x_ptr, g_p
             xl, xh, s2, rb, rm, waited = _ring_input(x_ptr, g_ptr, eps, k0, cnt_ptr, tgt_ptr, cbase, R, t1, rb, rm,
                                                      sync_ptr, err_ptr, max_spin, task, waited, w_ptr, tasks_ptr,
                                                      t_hi, c_lo, nch, pmax, pn, K, BKC, NORM, WAIT, SLOTB, UPO,
-                                                     TRACE, VENDOR, PFB, False, sz_ptr, SIZES)
+                                                     TRACE, VENDOR, PFB, False)
         dep = ring_wait(rbase, cn, sync_ptr, err_ptr, max_spin, task, NS, VENDOR)
         if GU:   # the gate and up rows of the chunk as ONE [2 BN, BKC / 2] tile: one row reduction, not two
             lo, hi = ring_tile(rbase, gring_ptr, cta, cn, 0, ne, dep, 2 * BN, BKC, NS, SLOTB, DT, VENDOR, SIZES)
@@ -1188,8 +1182,6 @@ def monokernel(
     # down's plain input cached in registers as model-dtype words where its one chunk spans the intermediate
     XW_DOWN: tl.constexpr = (RING > 0) and (I <= BKC_DOWN) and (TP == 0) and XCACHE_DOWN
     SPLIT: tl.constexpr = BS if BS > 0 else BT             # positions per attention split
-    # blocked_prefetch with the ring: only on the attention hop (PFB_ATTN_HOP_ONLY), elsewhere off
-    PFB_G: tl.constexpr = 0 if ((RING > 0) and PFB_ATTN_HOP_ONLY) else PFB
     if ROWPF == 1:
         # the row of the task after the current one is loaded while the current one runs (its L1/L2 latency
         # was part of the ~450 ns gap between tasks): r_* hold the next task's row
@@ -1214,10 +1206,10 @@ def monokernel(
         xtok = t1.to(tl.int64) * 4294967296
         # this token's input embedding is ready, unless generation stopped at EOS (then no token comes)
         if stop == 0:
-            if PFB_G > 0:
+            if PFB > 0:
                 if tl.load(sync_ptr + S_TOK, volatile=True) < step:   # blocked on the sampled token
                     if RING > 0:
-                        ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR, ring_sz_ptr, RING_SIZES)
+                        ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
                     else:
                         _prefetch_tasks(w_ptr, tasks_ptr, t_lo, tl.minimum(t_lo + PFB, t_hi), I * H, VENDOR)
             _spin_until(sync_ptr + S_TOK, step, sync_ptr, err_ptr, max_spin, -1, -1, VENDOR)
@@ -1316,7 +1308,7 @@ def monokernel(
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_QKV, BKC_QKV, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB_G, xd=xd, xd_key=xd_key)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB, xd=xd, xd_key=xd_key)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + tl.load(soff_ptr + layer * 8 + 3), eps, cnt_ptr,
@@ -1367,7 +1359,7 @@ def monokernel(
                             qkv_in = qkvt_ptr + layer * (QS + 2 * KVS)
                             if WAIT:
                                 if (PFB > 0) & (RING > 0):   # the attention hop streams no weights: ask the L2
-                                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR, ring_sz_ptr, RING_SIZES)
+                                    ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
                                 _tag_wait(qkv_in, g, t1, sync_ptr, err_ptr, max_spin, ti, HD, G, GP, QS, KVS,
                                           has_new)
                         else:
@@ -1451,7 +1443,7 @@ def monokernel(
                             cnt_ptr, tgt_ptr, cb, tl.load(rpc_ptr + 2), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti,
                             tasks_ptr, t_hi, H, BN_GU, BKC_GU, True, True, WAIT, RING, SLOTB, I * H, TRACE, VENDOR,
                             ring_sz_ptr, RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok, PFB_G, xd=xd, xd_key=xd_key)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 3) + xtok, PFB, xd=xd, xd_key=xd_key)
                     else:
                         ag, au, waited, rb, rm = _gemv2(w_ptr, w_off, w_off + I * H,
                                                         act_ptr + tl.load(aoff_ptr + lrow + 3),
@@ -1474,7 +1466,7 @@ def monokernel(
                             tl.load(rpc_ptr + 3), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, I,
                             BN_DOWN, BKC_DOWN, False, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 4) + xtok, PFB_G, xd=xd,
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 4) + xtok, PFB, xd=xd,
                             xd_key=xd_key, XW=XW_DOWN)
                     else:
                         acc, waited, rb, rm = _gemv_rank_sum(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 4),
@@ -1498,7 +1490,7 @@ def monokernel(
                             tl.load(rpc_ptr + 4), t1, rb, rm, sync_ptr, err_ptr, max_spin, ti, tasks_ptr, t_hi, H,
                             BN_LM, BKC_LM, True, False, WAIT, RING, SLOTB, I * H, TRACE, VENDOR, ring_sz_ptr,
                             RING_SIZES, PF_DIST,
-                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB_G, xd=xd, xd_key=xd_key)
+                            xc_l, xc_h, xc_key, tl.load(aoff_ptr + lrow + 0) + xtok, PFB, xd=xd, xd_key=xd_key)
                     else:
                         acc, waited, rb, rm = _gemv(w_ptr, w_off, act_ptr + tl.load(aoff_ptr + lrow + 0),
                                                     small_ptr + fnorm_off, eps, cnt_ptr,
@@ -1538,7 +1530,7 @@ def monokernel(
                     if PFB > 0:
                         if tl.load(sync_ptr + S_BAR, volatile=True) < nb * nprog:
                             if RING > 0:
-                                ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR, ring_sz_ptr, RING_SIZES)
+                                ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, PFB, SLOTB, VENDOR)
                             else:
                                 _prefetch_tasks(w_ptr, tasks_ptr, ti + 1, tl.minimum(ti + 1 + PFB, t_hi), I * H,
                                                 VENDOR)

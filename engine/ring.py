@@ -331,22 +331,15 @@ def ring_fill(w_ptr, c_lo, nch, pmax, rbase, gring_ptr, cta, pn, cn, sz_ptr, NS:
 
 
 @triton.jit
-def ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, N: tl.constexpr, SLOTB: tl.constexpr, VENDOR: tl.constexpr,
-                        sz_ptr=None, SIZES: tl.constexpr = False):
+def ring_prefetch_ahead(w_ptr, c_lo, nch, pmax, pn, N: tl.constexpr, SLOTB: tl.constexpr, VENDOR: tl.constexpr):
     """L2-prefetch the N chunks beyond the ring's requests (pn .. pn + N - 1, up to the launch's last): called
     while the CTA blocks on a dependency (EngineConfig.blocked_prefetch with the ring), so HBM keeps
     streaming this CTA's next weights during an all-to-all hop, when the ring alone (its NS slots already
-    requested) has nothing more to ask for. Each chunk's own bytes (SIZES: the tight packing's table; a
-    sheared-llama-2.7b [4, 2560] chunk is 20 KB of its 32 KB slot), else whole slots."""
+    requested) has nothing more to ask for. Whole slots, as ring_fill's PF path prefetches them."""
     SLOTE: tl.constexpr = SLOTB // 2
     for j in tl.static_range(N):
         if pn + j < pmax:
-            c = c_lo + (pn + j) % nch
-            if SIZES:
-                nb = tl.load(sz_ptr + c)
-            else:
-                nb = SLOTB
-            ring_prefetch_l2(w_ptr + c.to(tl.int64) * SLOTE, nb, VENDOR)
+            ring_prefetch_l2(w_ptr + (c_lo + (pn + j) % nch).to(tl.int64) * SLOTE, SLOTB, VENDOR)
 
 
 @triton.jit
