@@ -1,6 +1,6 @@
 """Where one token's time goes, layer by layer, from an instrumented run's per-task trace (no GPU needed).
 
-    python bench/layer_anatomy.py [RUN_DIR] [--system kog-targeted] [--json OUT] [--hops]
+    python bench/layer_anatomy.py [RUN_DIR] [--system kog-targeted] [--json OUT] [--hops] [--attn ATTN_PARQUET]
 
 Reads the `timeline` table and bench.json of a `kogtune bench` run directory (default: the bundled
 reports/data/h200_bench_run) and prints, per critical-path segment of a layer (the last task of one phase
@@ -10,6 +10,9 @@ chain and imbalance paid there). The engine report shows the same table (kog.rep
 --hops adds what each segment is made of (kog.reports.bench_tables.hop_table: the last CTA's lag, the
 hand-off, the first and later tasks; bench/h200/ENGINE_NOTES.md session 12). RUN_DIR may also be a
 timeline parquet that bench/engine_check.py --save-timeline wrote (no bench.json: no streaming columns).
+--attn adds, from the split stamps that `--save-timeline --attn-stamps` wrote beside it (attn_t<i>.parquet),
+when each attention split starts, ends its wait and ends against its layer's qkv phase end
+(kog.reports.bench_tables.attn_split_timing; ENGINE_NOTES session 13).
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kog.reports.bench_tables import (critical_path_table, hop_table, layer_segments, model_shapes_of,
-                                      phase_weight_bytes)
+from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
+                                      model_shapes_of, phase_weight_bytes)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,8 +36,15 @@ def main(argv=None) -> int:
     ap.add_argument("--system", default="kog-targeted")
     ap.add_argument("--json", default=None, help="write the per-segment medians here")
     ap.add_argument("--hops", action="store_true", help="also what each segment is made of (hop_table)")
+    ap.add_argument("--attn", default=None, metavar="ATTN_PARQUET",
+                    help="also the attention splits' timing from this split-stamps parquet (attn_split_timing)")
     a = ap.parse_args(argv)
     run = Path(a.run)
+    try:
+        attn = pd.read_parquet(a.attn) if a.attn else None
+    except (OSError, ValueError) as e:
+        print(f"layer_anatomy: {a.attn} is not a split-stamps parquet ({type(e).__name__})", file=sys.stderr)
+        return 2
     try:
         if run.suffix == ".parquet":        # an engine_check.py --save-timeline file: one system, no bench.json
             tl = pd.read_parquet(run).assign(system=a.system)
@@ -57,6 +67,13 @@ def main(argv=None) -> int:
     if a.hops:
         print("\nwhat each segment is made of (us; median over layers)")
         print(hop_table(tl, a.system).set_index("segment").round(2).to_string())
+    if attn is not None:
+        at = attn_split_timing(tl, attn, a.system)
+        if at.empty:
+            print(f"layer_anatomy: {a.attn} has no splits of the traced token in {run}", file=sys.stderr)
+            return 2
+        print("\nattention splits against their layer's qkv phase end (us; median over layers and KV heads)")
+        print(at.set_index("split").round(2).to_string())
     if a.json:
         Path(a.json).write_text(json.dumps({"model": bench.get("model"), "system": a.system, "run": run.name,
                                             "median_us": med.reset_index().to_dict("records")}, indent=1) + "\n")

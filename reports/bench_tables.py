@@ -195,3 +195,33 @@ def hop_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     order = [f"{x} -> {y}" for x, y in LAYER_SEGMENTS]
     med = pd.DataFrame(rows, columns=HOP_COLUMNS).groupby("segment").median()
     return med.reindex([o for o in order if o in med.index]).reset_index()
+
+
+ATTN_TIMING_COLUMNS = ["split", "start_us", "wait_end_us", "end_us", "merged", "layers"]
+
+
+def attn_split_timing(tl: pd.DataFrame, attn: pd.DataFrame, system: str) -> pd.DataFrame:
+    """When each attention split of one traced token (_traced_token) starts, ends its wait and ends, in us
+    relative to the end of its layer's last qkv task, median over the layers and KV heads, with the share of
+    them that merged. `attn` is the split stamps table (kog.engine.trace.attn_stamps_table: task, step,
+    split, wait_ns, merged; `bench/engine_check.py --save-timeline --attn-stamps` writes attn_t<i>.parquet).
+    The instrument of bench/h200/ENGINE_NOTES.md session 13: a split's wait ended ~0.7 us after the qkv
+    phase's end whenever it started, its q done 8 us before, because round trips issued during the weight
+    stream queue behind the rings' copies."""
+    tok = _traced_token(tl, system, {"step", "task", "layer", "phase", "start_ns", "end_ns"})
+    need = {"step", "task", "split", "wait_ns", "merged"}
+    if tok is None or attn is None or attn.empty or not need <= set(attn.columns):
+        return pd.DataFrame(columns=ATTN_TIMING_COLUMNS)
+    qkv_end = tok[tok["phase"] == "qkv"].groupby("layer")["end_ns"].max()
+    a = attn[attn["step"] == tok["step"].iloc[0]][["task", "split", "wait_ns", "merged"]]
+    m = a.merge(tok[["task", "layer", "start_ns", "end_ns"]], on="task")
+    m = m[m["layer"].isin(qkv_end.index)]
+    if m.empty:
+        return pd.DataFrame(columns=ATTN_TIMING_COLUMNS)
+    ref = m["layer"].map(qkv_end)
+    m = m.assign(start_us=(m["start_ns"] - ref) / 1e3, wait_end_us=(m["start_ns"] + m["wait_ns"] - ref) / 1e3,
+                 end_us=(m["end_ns"] - ref) / 1e3, merged=m["merged"].astype(float))
+    g = m.groupby("split")
+    out = g[["start_us", "wait_end_us", "end_us"]].median().assign(merged=g["merged"].mean(),
+                                                                    layers=g["layer"].nunique())
+    return out.reset_index()[ATTN_TIMING_COLUMNS]

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kog.reports.bench_tables import critical_path_table, hop_table, layer_segments, phase_weight_bytes
+from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
+                                      phase_weight_bytes)
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "reports" / "data" / "h200_bench_run"
@@ -80,3 +81,27 @@ def test_an_engine_check_timeline_with_hops(la, tmp_path, capsys):
     assert la.main([str(f), "--hops"]) == 0
     out = capsys.readouterr().out
     assert "what each segment is made of" in out and "o -> gate_up" in out.split("made of")[1]
+
+
+def test_attn_split_timing_of_a_synthetic_trace(la, tmp_path, capsys):
+    # one traced token, one layer: qkv ends at 10 us; split 0 starts at 8, waits 2.5 us, ends at 14 and merges;
+    # split 1 starts at 9, waits 0, ends at 10.5. Times are relative to the qkv end: (-2, 0.5, 4) and (-1, -1, 0.5)
+    tl = pd.DataFrame([dict(system="s", step=1, task=0, layer=0, phase="qkv", cta=0, start_ns=0, end_ns=10000,
+                            wait_ns=0),
+                       dict(system="s", step=1, task=1, layer=0, phase="attn", cta=1, start_ns=8000, end_ns=14000,
+                            wait_ns=2500),
+                       dict(system="s", step=1, task=2, layer=0, phase="attn", cta=2, start_ns=9000, end_ns=10500,
+                            wait_ns=0)])
+    attn = pd.DataFrame([dict(cta=1, step=1, task=1, layer=0, kv_head=0, split=0, merged=True, wait_ns=2500),
+                         dict(cta=2, step=1, task=2, layer=0, kv_head=0, split=1, merged=False, wait_ns=0)])
+    t = attn_split_timing(tl, attn, "s").set_index("split")
+    assert t.loc[0, ["start_us", "wait_end_us", "end_us", "merged"]].tolist() == pytest.approx([-2, 0.5, 4, 1])
+    assert t.loc[1, ["start_us", "wait_end_us", "end_us", "merged"]].tolist() == pytest.approx([-1, -1, 0.5, 0])
+    assert attn_split_timing(tl, attn.assign(step=0), "s").empty      # stamps of another token
+    f, g = tmp_path / "timeline_t0.parquet", tmp_path / "attn_t0.parquet"
+    tl.to_parquet(f)
+    attn.to_parquet(g)
+    assert la.main([str(f), "--system", "s", "--attn", str(g)]) == 0
+    assert "attention splits against" in capsys.readouterr().out
+    assert la.main([str(f), "--system", "s", "--attn", str(tmp_path / "none.parquet")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
