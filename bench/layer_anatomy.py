@@ -67,16 +67,16 @@ def main(argv=None) -> int:
     if a.hops:
         print("\nwhat each segment is made of (us; median over layers)")
         print(hop_table(tl, a.system).set_index("segment").round(2).to_string())
-    if attn is not None:
+    if a.json:
+        Path(a.json).write_text(json.dumps({"model": bench.get("model"), "system": a.system, "run": run.name,
+                                            "median_us": med.reset_index().to_dict("records")}, indent=1) + "\n")
+    if attn is not None:     # after --json: a stamps file that does not match the run costs only its own table
         at = attn_split_timing(tl, attn, a.system)
         if at.empty:
             print(f"layer_anatomy: {a.attn} has no splits of the traced token in {run}", file=sys.stderr)
             return 2
         print("\nattention splits against their layer's qkv phase end (us; median over layers and KV heads)")
         print(at.set_index("split").round(2).to_string())
-    if a.json:
-        Path(a.json).write_text(json.dumps({"model": bench.get("model"), "system": a.system, "run": run.name,
-                                            "median_us": med.reset_index().to_dict("records")}, indent=1) + "\n")
     return 0
 
 
