@@ -1,10 +1,13 @@
 """EngineConfig: every knob of the monokernel, validated before any launch.
 
 Compile-time knobs (constexpr: a change recompiles): sync mode, num_warps, block_k, rows per task per phase
-(bn_*), attention block, the two prefetch depths. Plain data (kernel inputs: no recompile): the task-to-CTA
-mapping and the wait granularity (rows per counter). ctas_per_sm changes the plan AND, on NVIDIA, the
-register cap (maxnreg) the launcher compiles with, so 2, 3 and 4 CTAs/SM are three kernels there.
-`compile_key()` lists the constexpr fields; kog.tune.search.kernel_key() adds the register cap.
+(bn_*), the weight ring's slots, the attention split and tile. Plain data (kernel inputs: no recompile): the
+task-to-CTA mapping and the wait granularity (rows per counter). ctas_per_sm changes the plan AND, on NVIDIA,
+the register cap (maxnreg) the launcher compiles with, so 2, 3 and 4 CTAs/SM are three kernels there.
+`compile_key()` lists the constexpr fields.
+
+Both sync modes, the wait granularity and every mapping stay knobs although the H200 favours one setting of
+each today: the tuner searches them, and a chiplet GPU needs them.
 """
 from __future__ import annotations
 
@@ -15,13 +18,11 @@ from typing import Any
 from kog.engine.config import ConfigError, ModelConfig
 
 SYNC_MODES = ("targeted", "grid")
-# What the engine runs by default on NVIDIA sm_90+ (kog.engine.monokernel.platform_default): the weight ring
-# with 3 slots and each task's row read ahead of it (bench/h200/ENGINE_NOTES.md, session 5),
-# 64 cache positions per attention split (session 6: +1% over 32 in two same-run pairs on the H200), gate_up
-# in 4-row tiles, so one [8, 2048] chunk spans its K and its normed input is cached across tasks (session 7,
-# same-run pairs: 1,146.9 vs 1,107.5 tok/s for 4- vs 8-row tiles, 1,200.0 vs 1,149.6 with vs without the cache),
-# and the task rows through shared memory (session 9, same run: 1,265.3 vs 1,228.5 tok/s for row_prefetch 2 vs 1)
-SM90_DEFAULT = dict(weight_ring=3, row_prefetch=2, attn_block=64, bn_gate_up=4)
+# What the engine runs by default on NVIDIA sm_90+ (kog.engine.monokernel.platform_default), each measured
+# faster on the H200 than the alternative (docs/engine-notes.md): the weight ring with 3 slots, 64 cache
+# positions per attention split, gate_up in 4-row tiles, so one chunk spans its K and its normed input stays
+# in registers across a CTA's tasks
+SM90_DEFAULT = dict(weight_ring=3, attn_block=64, bn_gate_up=4)
 MAX_ATTN_SPLITS = 64
 MAPPINGS = ("round-robin", "contiguous", "topology")
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
@@ -29,7 +30,8 @@ PHASES = ("qkv", "o", "gate_up", "down", "lm")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    # Defaults: the best targeted-mode tiling of the sweep on the lent H200 (llama-3.2-1b, bench/h200/).
+    # Defaults: the best targeted-mode tiling of the exhaustive sweep on the H200 (llama-3.2-1b,
+    # tune/data/nvidia-h200-llama-3.2-1b-sweep.parquet); sm90_default adds the ring.
     mode: str = "targeted"            # "targeted": per-dependency counters; "grid": a barrier between phases
     ctas_per_sm: int = 2              # persistent CTAs per SM (grid = SMs * ctas_per_sm, all co-resident)
     num_warps: int = 4
@@ -42,22 +44,13 @@ class EngineConfig:
     bn_down: int = 8
     bn_lm: int = 8
     sync_rows: int = 4096             # producer rows that share one readiness counter (0 = one per block_k)
-    prefetch: int = 0                 # L2 prefetch distance: weights of the task this many ahead (0 = off;
-                                      # with weight_ring: the chunk this many beyond each ring copy)
-    blocked_prefetch: int = 0         # while a wait blocks: L2-prefetch this task's and the next N tasks' tiles
-                                      # (with weight_ring: the N chunks beyond the ring's requests)
-    row_prefetch: int = 0             # 1: load the next task's row of the task table while the current one runs;
-                                      # 2 (with weight_ring): rows in blocks through shared memory (ring.rows_*)
-    pipeline_stages: int = 0          # > 1: each CTA runs consecutive same-phase GEMV tasks as one loop Triton
-                                      # software-pipelines (num_stages): weight chunks in flight across tasks
-    flat_loop: int = 0                # 1 (with pipeline_stages): one pipelined loop per run of GEMV tasks of
-                                      # ANY phases and layers (kog.engine.flat_plan), unmeasured
     tp_compat: int = 1                # G > 1: O and down reduced as G tensor-parallel ranks reduce them (each
                                       # rank's K slice rounded, added in rank order): the same tokens and
                                       # logits as TPMonokernel with G GPUs, bit for bit
     weight_ring: int = 0              # > 0: slots of the per-CTA shared-memory weight ring (kog.engine.ring):
                                       # bulk copies keep this many chunks requested ahead across tasks,
-                                      # phases, layers and tokens (NVIDIA sm_90; emulated by the interpreter)
+                                      # phases, layers and tokens, and the task rows come through shared
+                                      # memory (NVIDIA sm_90; emulated by the interpreter)
     mapping: str = "round-robin"      # task -> CTA strategy
     attn_block: int = 32              # KV positions per attention split (widened for long caches: attn_layout)
     attn_tile: int = 0                # > 0: positions per tl.dot tile, a split walking attn_block / attn_tile of
@@ -99,9 +92,7 @@ class EngineConfig:
         """Fields that are constexpr in the kernel. Configs with equal keys share one compiled kernel only if they
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
-                self.bn_down, self.bn_lm, self.prefetch, self.attn_block, self.blocked_prefetch,
-                self.row_prefetch, self.pipeline_stages, self.flat_loop, self.tp_compat, self.weight_ring,
-                self.attn_tile)
+                self.bn_down, self.bn_lm, self.attn_block, self.tp_compat, self.weight_ring, self.attn_tile)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -120,32 +111,14 @@ class EngineConfig:
             need(self.ctas_per_sm <= max_ctas_per_sm,
                  f"ctas_per_sm {self.ctas_per_sm} exceeds the {max_ctas_per_sm} CTAs that fit on one SM")
         need(pow2(self.block_k), f"block_k {self.block_k} is not a power of two")
-        need(0 <= self.prefetch <= 8, f"prefetch {self.prefetch} not in 0..8")
-        need(0 <= self.blocked_prefetch <= 8, f"blocked_prefetch {self.blocked_prefetch} not in 0..8")
-        need(self.row_prefetch in (0, 1, 2), f"row_prefetch {self.row_prefetch} not in 0, 1, 2")
-        need(self.row_prefetch != 2 or self.weight_ring > 0,
-             "row_prefetch 2 (task rows through shared memory) runs with weight_ring > 0")
-        need(self.pipeline_stages in (0, 2, 3, 4, 5, 6), f"pipeline_stages {self.pipeline_stages} not in 0, 2..6")
-        if self.pipeline_stages:
-            need(self.row_prefetch == 0 and self.prefetch == 0 and self.blocked_prefetch == 0,
-                 "pipeline_stages > 0 runs without row_prefetch, prefetch and blocked_prefetch")
-        need(self.flat_loop in (0, 1), f"flat_loop {self.flat_loop} not in 0, 1")
-        if self.flat_loop:
-            need(self.pipeline_stages >= 2, "flat_loop needs pipeline_stages >= 2")
-            need(self.mode == "targeted", "flat_loop runs in targeted mode only (grid barriers would split it)")
-            bns = {self.bn(ph) for ph in PHASES}
-            need(len(bns) == 1, f"flat_loop needs one tile height for every phase (bn_*: {sorted(bns)})")
-            need(self.block_k % 16 == 0, f"flat_loop needs block_k a multiple of 16 (got {self.block_k})")
         need(self.tp_compat in (1, 2, 4, 8), f"tp_compat {self.tp_compat} not in 1, 2, 4, 8")
         if self.tp_compat > 1:
-            need(self.pipeline_stages == 0, "tp_compat runs the per-task GEMVs (pipeline_stages 0)")
             g = self.tp_compat
             need(model.num_kv_heads % g == 0 and model.intermediate_size % g == 0,
                  f"tp_compat {g} must divide the KV heads ({model.num_kv_heads}) and intermediate_size "
                  f"({model.intermediate_size}), as tensor parallelism over {g} GPUs does")
         need(0 <= self.weight_ring <= 16, f"weight_ring {self.weight_ring} not in 0..16")
         if self.weight_ring:
-            need(self.pipeline_stages == 0, "weight_ring runs without pipeline_stages (the ring replaces it)")
             need(self.tp_compat == 1, "weight_ring runs with tp_compat 1")
             need(self.block_k >= 128, f"weight_ring needs block_k >= 128 (chunks start 128-byte aligned; got "
                  f"{self.block_k})")
@@ -153,9 +126,9 @@ class EngineConfig:
                             ("intermediate_size", model.intermediate_size)):
                 need(K % 8 == 0, f"weight_ring needs 16-byte weight rows: {what} {K} is not a multiple of 8")
             # shared memory per SM on sm_90 (the only ring target): the ring (kog.engine.ring.ring_bytes) plus
-            # Triton's own (one attn_block x head_dim tile of the model dtype and up to 8 KiB more: 6-21 KiB
-            # measured by kog.engine.regreport on five presets) and the driver's 1 KiB per CTA; the launcher
-            # checks the exact figure after compiling
+            # Triton's own (one attention tile of the model dtype and up to 8 KiB more, as kog.engine.regreport
+            # reads it off the compiled kernel) and the driver's 1 KiB per CTA; the launcher checks the exact
+            # figure after compiling
             from kog.engine.ring import phase_bn, ring_bytes
             per_cta = (ring_bytes(self.weight_ring, block_k=self.block_k, bn=phase_bn(self))
                        + self.attn_dot_tile() * model.head_dim * 2 + 9 * 1024)
@@ -174,13 +147,6 @@ class EngineConfig:
             bn = self.bn(ph)
             need(pow2(bn), f"bn_{ph} {bn} is not a power of two")
             need(n % bn == 0, f"bn_{ph} {bn} does not divide the {n} rows of {ph}")
-        if self.pipeline_stages:
-            bk_gu = self.block_k // 2 if self.block_k >= 128 else self.block_k
-            for what, K, bk in (("hidden_size", H, self.block_k), ("q_size", model.q_size, self.block_k),
-                                ("intermediate_size", I, self.block_k), ("hidden_size (gate_up)", H, bk_gu)):
-                need(K % bk == 0, f"pipeline_stages needs block_k chunks that divide K: {what} {K} % {bk} != 0")
-                # one chunk per task compiles to a loop whose wait Triton 3.6's pipeliner cannot predicate
-                need(K // bk >= 2, f"pipeline_stages needs >= 2 block_k chunks per task: {what} {K} // {bk} < 2")
         if self.sync_rows:
             need(pow2(self.sync_rows), f"sync_rows {self.sync_rows} is not a power of two")
             for ph in ("qkv", "o", "gate_up", "down"):
@@ -201,16 +167,14 @@ def fits(e: EngineConfig, model: ModelConfig, span: int | None = None) -> bool:
 
 def sm90_default(model: ModelConfig, span: int | None = None) -> EngineConfig:
     """The built-in config on NVIDIA sm_90+: SM90_DEFAULT, with fewer ring slots where the model's shared
-    memory needs them (sheared-llama-2.7b: head_dim 128, 2 slots; its K not a multiple of the chunk use the
-    ring's short steps, RING_SIZES: 371.2 vs 325.5 tok/s without the ring on the H200, two runs one device
-    call apart, session 6), for a cache of `span` positions when given (beyond 4,096 the widened attention
-    block takes shared memory the third slot needed), else EngineConfig()."""
+    memory needs them (a head_dim of 128 widens Triton's attention tile; beyond 4,096 cached positions the
+    widened attention block does too), for a cache of `span` positions when given; EngineConfig() when not
+    even two slots fit."""
     e = EngineConfig()
     base = dict(SM90_DEFAULT)
     if not _gate_up_spans_k(e.replace(**base), model):
         # 4-row gate_up pays where its one chunk spans K (the normed input is then cached across tasks);
-        # sheared-llama-2.7b (K = 2560 = 2048 + 512) ran 364.4 tok/s with it vs 370.9 with 8 rows
-        # (same run, H200, session 7)
+        # where it does not, 8-row tiles measured faster (docs/engine-notes.md)
         base["bn_gate_up"] = e.bn_gate_up
     for slots in range(base["weight_ring"], 1, -1):
         c = e.replace(**dict(base, weight_ring=slots))
@@ -221,7 +185,7 @@ def sm90_default(model: ModelConfig, span: int | None = None) -> EngineConfig:
 
 def _gate_up_spans_k(e: EngineConfig, model: ModelConfig) -> bool:
     """Whether one ring chunk of gate_up covers its whole K (kog.engine.ring.chunk_shape)."""
-    from kog.engine.plan import T_GU
+    from kog.engine.layout import T_GU
     from kog.engine.ring import chunk_shape, phase_bn
     K, bkc, _ = chunk_shape(T_GU, H=model.hidden_size, I=model.intermediate_size, QS=model.q_size,
                             block_k=e.block_k, bn=phase_bn(e))

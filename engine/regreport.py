@@ -57,30 +57,30 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                 trace: bool = False, trace_tokens: int = 8, write_logits: bool = False,
                 forced: bool = False, attn_stamps: bool = False) -> tuple[tuple, dict[str, Any]]:
-    """(args, meta) exactly as Monokernel._launch builds them for one launch, with every tensor replaced by
-    a triton MockTensor of the same dtype (the launcher's tensors are fresh allocations: 16-byte aligned).
+    """(args, launch options) exactly as Monokernel._launch_args builds them for one launch, every tensor
+    replaced by a triton MockTensor of the same dtype (the launcher's tensors are fresh allocations: 16-byte
+    aligned), through the launcher's own kernel_groups and kernel_constants.
 
-    The defaults are the `kogtune bench` decode launch of KogSystem: 64-token prompt, 512 greedy tokens,
-    max_seq = prompt + tokens + 1, EOS ignored (n_eos 0), not traced, no logits written. Integer values
-    matter: Triton specializes an int equal to 1 into a constexpr and marks multiples of 16.
-    The keyword arguments come from the launcher's own kog.engine.monokernel.kernel_meta; the positional
-    ones mirror Monokernel._launch_args (tests/test_regreport.py compares the two on the tiny preset).
-    """
+    The defaults are the `kogtune bench` decode launch: 64-token prompt, 512 greedy tokens, max_seq = prompt +
+    tokens + 1, EOS ignored (n_eos 0), not traced, no logits written. Integer values matter: Triton specializes
+    an int equal to 1 into a constexpr and marks multiples of 16 (tests/test_regreport.py compares the two
+    argument lists on the tiny preset)."""
+    from types import SimpleNamespace
+
     import torch
     from triton.runtime.jit import MockTensor
 
-    from kog.engine.monokernel import kernel_meta
-    from kog.engine.plan import make_plan, tagged_qkv
-    from kog.engine.sampling import sample_mode
+    from kog.engine.kernel.sampling import sample_mode
+    from kog.engine.monokernel import kernel_constants, kernel_groups
+    from kog.engine.plan import make_plan
 
     e = ecfg
     if vendor == 0:                           # what the launcher does under TRITON_INTERPRET
         sms, e = 1, e.replace(ctas_per_sm=1)
     dt = getattr(torch, cfg.dtype if cfg.dtype in ("bfloat16", "float16") else "bfloat16")
-    f32, i32, i64 = torch.float32, torch.int32, torch.int64
-    T = MockTensor
+    f32, i32, i64 = (MockTensor(torch.float32), MockTensor(torch.int32), MockTensor(torch.int64))
     if max_seq is None:
-        max_seq = max(prompt_len + tokens + 1, 64)      # KogSystem._engine
+        max_seq = max(prompt_len + tokens + 1, 64)
     span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
     e, attn_splits = e.attn_layout(span)
     p = make_plan(cfg, e, sms, None, attn_splits)
@@ -92,26 +92,22 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
         for n in sizes:
             so += n
             so += (-so) % 16
-    fnorm_off = so
-    tasks_per_cta = max(int(x) for x in (p.cta_start[1:] - p.cta_start[:-1]))
-    trace_cap = tasks_per_cta * max(trace_tokens, 1)
-    pos0, n = prompt_len - 1, tokens
-    window = getattr(cfg, "sliding_window", None) or 0
-    args = (T(dt), T(i64), T(f32), T(i64), T(dt), T(f32), T(f32), T(dt),
-            T(f32), T(i32), T(f32), 1 if write_logits else 0, T(f32), attn_splits, T(f32), T(i32), T(i32), T(i32),
-            T(i32), n_eos,
-            T(i32), T(i32), T(i32), T(i32), T(i32), T(i32), p.n_counters,
-            T(i32), 1 if e.mapping == "topology" else 0,
-            T(i32), T(i32), T(i64), trace_tokens if trace else 0, trace_cap,
-            pos0, n, max_seq, int(window), int(fnorm_off), 1 if forced else 0, int(seed),
-            1.0 / temperature if temperature > 0 else 1.0, int(top_k), float(top_p), float(cfg.rms_norm_eps),
-            1.0 / math.sqrt(cfg.head_dim), int(e.max_spin), int(p.barriers_per_token))
-    ptrs = dict(chunks_ptr=T(i32), ring_lo_ptr=T(i32), gring_ptr=T(dt), ring_sz_ptr=T(i32), rows4_ptr=T(i32),
-                grow_ptr=T(i32), qkvt_ptr=T(i64), atr_ptr=T(i64), atr_cap=trace_cap)
-    meta = kernel_meta(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
-                       sample=sample_mode(temperature, top_k, top_p), trace=trace,
-                       tag_qkv=tagged_qkv(e), ptrs=ptrs, attn_stamps=attn_stamps)
-    return args, meta
+    trace_cap = max(int(x) for x in (p.cta_start[1:] - p.cta_start[:-1])) * max(trace_tokens, 1)
+    ring = bool(e.weight_ring)
+    b = SimpleNamespace(
+        wbuf=MockTensor(dt), woff=i64, small=f32, soff=i64, embed=MockTensor(dt), cos=f32, sin=f32,
+        cache=MockTensor(dt), act=f32, aoff=i32, part=f32, qkvt=i64, logits=f32, partial_v=f32, partial_i=i32,
+        out=i32, forced=i32, eos=i32, rows=i32, cta_start=i32, rpc=i32, target=i32, cnt=i32, smid_tab=i32,
+        ring_lo=i32 if ring else None, ring_sz=i32 if ring else None, gring=MockTensor(dt) if ring else None,
+        grow=i32 if ring else None, peers=None, sync=i32, err=i32, trace=i64, trace_tokens=trace_tokens,
+        trace_cap=trace_cap, atr=i64, atr_cap=trace_cap if attn_stamps else 1, max_seq=max_seq, fnorm_off=so,
+        attn_splits=attn_splits)
+    run = (prompt_len - 1, tokens, 1 if forced else 0, int(seed), int(top_k),
+           1.0 / temperature if temperature > 0 else 1.0, float(top_p), 1 if write_logits else 0, n_eos)
+    shape, tiling, opts = kernel_constants(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
+                                           sample=sample_mode(temperature, top_k, top_p), trace=trace,
+                                           attn_stamps=attn_stamps)
+    return (*kernel_groups(b, cfg, e, p, trace), *run, shape, tiling), opts
 
 
 # ---- compiling for sm_90 without a GPU ----------------------------------------------------------------------
@@ -134,8 +130,8 @@ def ptxas_path() -> Path:
 
 
 def load_kernel(path: str | None = None):
-    """kernel.monokernel, or the `monokernel` of another file (an edited copy of engine/kernel.py: iterate on
-    register pressure without touching the real one)."""
+    """kernel.monokernel, or the `monokernel` of another file (an edited copy of engine/kernel/entry.py: iterate
+    on register pressure without touching the real one)."""
     if path is None:
         from kog.engine.kernel import monokernel
         return monokernel
@@ -328,6 +324,11 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _plain(group) -> dict[str, Any]:
+    """A constexpr group (layout.Shape, layout.Tiling) as plain JSON values, nested specs as dicts."""
+    return {k: (_plain(v) if isinstance(v, tuple) else getattr(v, "value", v)) for k, v in group._asdict().items()}
+
+
 def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = None, sms: int = H200_SMS,
               sass: bool = False, keep_dir: str | None = None, kernel: str | None = None,
               **spec_kw: Any) -> dict[str, Any]:
@@ -364,9 +365,7 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
         "fits": ecfg.ctas_per_sm <= occ["ctas_per_sm_fit"],
         "compile_seconds": round(secs, 2),
         "ptx_lines": ptx.count("\n"),
-        "constexprs": {k_: v for k_, v in meta.items() if k_ not in ("num_warps", "maxnreg",
-                                                                   "launch_cooperative_grid")
-                       and isinstance(v, (bool, int, float, str, type(None)))},
+        "constexprs": {**_plain(args[-2]), **_plain(args[-1])},
         "kernel": str(Path(kernel).resolve()) if kernel else "kog.engine.kernel",
         "ptxas": str(ptxas_path()),
         "triton": __import__("triton").__version__,
@@ -419,7 +418,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="override the launcher's register cap (default: 65536 / (ctas_per_sm*threads); 0 = none)")
     ap.add_argument("--sms", type=int, default=H200_SMS, help="SMs of the target GPU (grid = sms * ctas_per_sm)")
     ap.add_argument("--kernel", metavar="FILE", default=None,
-                    help="compile the `monokernel` of this file (an edited copy of engine/kernel.py) instead")
+                    help="compile the `monokernel` of this file (an edited copy of engine/kernel/entry.py) instead")
     ap.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of the launch (pos0 = this - 1)")
     ap.add_argument("--tokens", type=int, default=512, help="tokens the launch decodes (n_tokens)")
     ap.add_argument("--max-seq", type=int, default=None,

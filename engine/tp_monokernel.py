@@ -42,14 +42,14 @@ import torch.nn.functional as F
 
 from kog.engine.config import ConfigError, ModelConfig
 from kog.engine.engine_config import EngineConfig
-from kog.engine.monokernel import Monokernel, MonokernelError
-from kog.engine.plan import T_DOWN, T_O, Plan
+from kog.engine.kernel.sampling import sample_mode
+from kog.engine.kernel.vendor import INTERPRET, vendor_code
+from kog.engine.layout import BUF_ATTN, E_FLAG, TP_PEERS
+from kog.engine.monokernel import Monokernel, MonokernelError, kernel_constants
+from kog.engine.plan import Plan
 from kog.engine.reference import rms_norm
-from kog.engine.sampling import sample_mode
 from kog.engine.tp import TPReference, all_reduce_partials, shard_config, shard_weights, tp_shape
-from kog.engine.tp_plan import (LB_ACT, LB_ATTN, LB_DPART, LB_HMID, LB_HOUT, LB_OPART, LB_QKV, N_LBUF, T_XPUSH,
-                                T_XRED, T_XSAMPLE, TPPlan, _name, _obj_name, make_tp_plan)
-from kog.engine.vendor import INTERPRET, vendor_code
+from kog.engine.tp_plan import T_XSAMPLE, TPPlan, _name, _obj_name, check_tp_plan, make_tp_plan, rank_rows
 from kog.engine.weights import Weights
 from kog.probe.errors import KogError
 
@@ -58,8 +58,6 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
-TPX_RECV = 8                 # kernel.TPX_RECV: first peer address in the per-rank table
-_LB5 = [LB_QKV, LB_ATTN, LB_HMID, LB_ACT, LB_HOUT]   # the single-GPU plan's buffers, in its layout order
 
 
 def default_exchange_rows(cfg: ModelConfig, ecfg: EngineConfig) -> int:
@@ -103,7 +101,7 @@ def tp_devices(G: int, devices=None) -> list[torch.device]:
 
 
 class _Rank(Monokernel):
-    """One rank: a Monokernel over its shard whose plan, task table and tables come from the TP plan."""
+    """One rank: a Monokernel over its shard whose plan and task table come from the TP plan."""
     EXACT_PREFILL = False       # the ranks' prefill and RoPE tables stay in the model dtype (tp_compat matches it)
 
     def __init__(self, owner: "TPMonokernel", rank: int, shard_cfg: ModelConfig, w: Weights, ecfg: EngineConfig,
@@ -111,62 +109,36 @@ class _Rank(Monokernel):
         self._owner, self.rank = owner, rank
         super().__init__(shard_cfg, w, ecfg, device, max_seq)
 
-    def _alloc(self) -> None:
-        tp = self._owner._plan_for(self.sms, self.ecfg, self.attn_splits)
+    def _make_plan(self, sms: int, sm_partition) -> Plan:
+        """This rank's part of the (checked) TP plan, with XSAMPLE left out: the token's last CTA picks (module
+        docstring); the attention splits' last arriver bumps once, so their targets are divided by the splits."""
+        tp = self._owner._plan_for(sms, self.ecfg, self.attn_splits)
         xl, rp = tp.xl, tp.ranks[self.rank]
-        # the token's pick runs in the last CTA (module docstring): XSAMPLE leaves the table
         keep = rp.tasks[:, 0] != T_XSAMPLE
         owner_cta = np.searchsorted(rp.cta_start, np.arange(len(rp.tasks)), side="right") - 1
         tasks = rp.tasks[keep]
         cta_start = np.zeros(rp.grid + 1, dtype=np.int32)
         cta_start[1:] = np.cumsum(np.bincount(owner_cta[keep], minlength=rp.grid))
         target = xl.counter_target.copy()
-        for layer in range(self.cfg.num_layers):   # the attention splits' last arriver bumps once
-            a, b = int(xl.layout[layer, LB_ATTN]), int(xl.layout[layer, LB_ATTN + 1])
+        for layer in range(self.cfg.num_layers):
+            a, b = int(xl.layout[layer, BUF_ATTN]), int(xl.layout[layer, BUF_ATTN + 1])
             target[a:b] //= self.attn_splits
         self.tp_plan, self._xl = tp, xl
-        self.plan = Plan(grid=rp.grid, tasks=tasks, cta_start=cta_start, layout=xl.layout[:, _LB5].copy(),
-                         rows_per_counter=xl.rows_per_counter[_LB5].copy(), target=target,
-                         n_counters=xl.n_counters, barriers_per_token=0, meta=dict(self.plan.meta))
-        super()._alloc()
-        cfg, dev = self.cfg, self.device
-        H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-        # activations: per layer h_in, qkv, attn, hmid, act, o-partial, down-partial (kernel AW = 7 columns)
-        aoff, o = np.zeros((L + 2, 7), dtype=np.int32), 0
-        for layer in range(L + 1):
-            for j, n in enumerate((H, cfg.qkv_size, cfg.q_size, H, I, H, H)):
-                aoff[layer, j] = o
-                o += n
-        aoff[L + 1, 0] = o
-        self.aoff = torch.tensor(aoff, device=dev)
-        self.act = torch.zeros(o + H, dtype=torch.float32, device=dev)
-        self.rpc = torch.tensor(np.concatenate([xl.rows_per_counter[_LB5], xl.rows_per_counter[[LB_OPART, LB_DPART]]]),
-                                dtype=torch.int32, device=dev)
+        plan = Plan(grid=rp.grid, tasks=tasks, cta_start=cta_start, layout=xl.layout.copy(),
+                    rows_per_counter=xl.rows_per_counter.copy(), target=target, n_counters=xl.n_counters,
+                    barriers_per_token=0, meta={"mapping": self.ecfg.mapping, "mode": self.ecfg.mode, "sms": sms,
+                                                "attn_splits": self.attn_splits})
+        plan.rows = rank_rows(tp, self.rank, tasks, plan.dummy_base)
+        return plan
 
-    def _task_table(self) -> np.ndarray:
-        out = super()._task_table().astype(np.int64)
-        xl, e, L = self._xl, self.ecfg, self.cfg.num_layers
-        lay, R, X = xl.layout, xl.rows_per_counter, xl.exchange_rows
-        typ, layer, tile, pt = (out[:, j] for j in range(4))
-        m = typ == T_O
-        out[m, 6] = lay[layer[m], LB_OPART] + (tile[m] * e.bn_o) // R[LB_OPART]
-        m = typ == T_DOWN
-        out[m, 6] = lay[layer[m], LB_DPART] + (tile[m] * e.bn_down) // R[LB_DPART]
-        for ty in (T_XPUSH, T_XRED):
-            m = typ == ty
-            ll, c, p = layer[m], tile[m], pt[m]
-            out[m, 4] = xl.flag_layout[ll, p] + c                # the chunk's flag (not a weight offset)
-            out[m, 5] = 0                                        # no weight tile to prefetch
-            if ty == T_XPUSH:
-                out[m, 6] = -1                                   # bumps the ranks' flags itself
-                out[m, 7] = np.where(p == 0, lay[ll, LB_OPART], lay[ll, LB_DPART])
-            else:
-                out[m, 6] = np.where(p == 0, lay[ll, LB_HMID] + c * X // R[LB_HMID],
-                                     lay[ll, LB_HOUT] + c * X // R[LB_HOUT])
-                prev = np.where(ll > 0, lay[np.maximum(ll - 1, 0), LB_HOUT], self.dummy_base)
-                out[m, 7] = np.where(p == 0, prev, lay[ll, LB_HMID])
-        assert L == lay.shape[0] and lay.shape[1] == N_LBUF
-        return out.astype(np.int32)
+    def _alloc(self, partials: bool = True) -> None:
+        super()._alloc(partials=True)       # O's and down's partial sums get activation columns
+
+    def constants(self, sample: int, trace: bool) -> tuple:
+        o = self._owner
+        return kernel_constants(self.cfg, self.ecfg, attn_splits=self.attn_splits, grid=self.plan.grid,
+                                vendor=self.vendor, sample=sample, trace=trace,
+                                tp=(o.G, o.exchange_rows, o.cfg.vocab_size))
 
     def _check_error(self) -> None:
         err = self.err.cpu().tolist()
@@ -178,8 +150,8 @@ class _Rank(Monokernel):
                               f"aborted instead of hanging")
 
     def _describe_sync(self, what: int) -> str:
-        if what <= -16:
-            return _obj_name(self.tp_plan, (self.rank, "f", -16 - what))
+        if what <= E_FLAG:
+            return _obj_name(self.tp_plan, (self.rank, "f", E_FLAG - what))
         if what >= self.plan.n_counters:
             return f"rank {self.rank} always-ready counter {what}"
         if what >= 0:
@@ -204,8 +176,6 @@ class TPMonokernel:
         if self.ecfg.mode != "targeted":
             raise ConfigError(f"engine config: mode {self.ecfg.mode!r} is not supported with tensor parallelism "
                               f"(only 'targeted')")
-        if self.ecfg.pipeline_stages:
-            raise ConfigError("engine config: pipeline_stages is not supported with tensor parallelism yet")
         if self.ecfg.weight_ring:
             raise ConfigError("engine config: weight_ring is not supported with tensor parallelism yet")
         if G & (G - 1):
@@ -235,8 +205,9 @@ class TPMonokernel:
     def _plan_for(self, sms: int, ecfg: EngineConfig, attn_splits: int) -> TPPlan:
         key = (sms, ecfg, attn_splits)
         if key not in self._plans:
-            self._plans[key] = make_tp_plan(self.cfg, ecfg, self.G, sms, self.exchange_rows, self.pad_vocab,
-                                            attn_splits)
+            p = make_tp_plan(self.cfg, ecfg, self.G, sms, self.exchange_rows, self.pad_vocab, attn_splits)
+            check_tp_plan(p)
+            self._plans[key] = p
         return self._plans[key]
 
     # ---- exchange buffers --------------------------------------------------------------------------------
@@ -272,8 +243,8 @@ class TPMonokernel:
             tab = [r, lo, xl.sample_flag, 0, 0, 0, 0, 0]
             for name in ("recv", "flags", "sample_score", "sample_token"):
                 tab += [self.bufs[p][name].data_ptr() for p in range(G)]
-            assert len(tab) == TPX_RECV + 4 * G
-            mk.tp_tab = torch.tensor(tab, dtype=torch.int64, device=dev)
+            assert len(tab) == TP_PEERS + 4 * G
+            mk.peers = torch.tensor(tab, dtype=torch.int64, device=dev)
 
     # ---- launching ---------------------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -291,10 +262,9 @@ class TPMonokernel:
                 for b in self.bufs[r].values():
                     b.zero_()
                 f = (torch.tensor(forced, dtype=torch.int32, device=mk.device) if forced is not None else None)
-                out, logits, args, meta = mk._launch_args(first_token, pos0, n, f, temperature, 0, 1.0, seed,
-                                                          write_logits, False)
-                meta.update(TP=True, NR=self.G, XR=self.exchange_rows, VR=self.cfg.vocab_size, tp_ptr=mk.tp_tab)
-                launches.append((out, logits, args, meta))
+                args, opts = mk._launch_args(first_token, pos0, n, f, temperature, 0, 1.0, seed, write_logits,
+                                             False)
+                launches.append((mk.out, mk.logits, args, opts))
         self._sync()                       # every rank's flags are zero before any rank can bump a peer's
         t0 = time.perf_counter()
         for mk, (_, _, args, meta) in zip(self.ranks, launches):

@@ -21,8 +21,9 @@ would need a cross-GPU barrier after every phase.
 
 Synchronisation objects (int32, monotonic over a launch: a waiter at token t wants (t+1) * target, except the
 sample flag, produced by the previous token: t * G):
-    counters  per rank, written only by that rank's CTAs: layout [L, N_LBUF] -> first counter of each local
-              buffer, rows_per_counter [N_LBUF], counter_target [n_counters]; plus one LM-done counter last.
+    counters  per rank, written only by that rank's CTAs: layout [L, N_BUF] -> first counter of each local
+              buffer (layout.BUF_*), rows_per_counter [N_BUF], counter_target [n_counters]; plus one LM-done
+              counter last.
     flags     per rank, written by all ranks (peer atomics, system scope): flag_layout [L, 2] -> first chunk
               flag of each exchange point, then the sample flag; flag_target [n_flags] (= G: one arrival per
               rank per token). Each flag sits on its own 128-byte line (flag_stride int32).
@@ -43,18 +44,18 @@ import numpy as np
 
 from kog.engine.config import ConfigError, ModelConfig
 from kog.engine.engine_config import EngineConfig
-from kog.engine.plan import T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV, TASK_NAMES, make_plan
+from kog.engine.layout import (BUF_ACT, BUF_ATTN, BUF_DPART, BUF_HMID, BUF_HOUT, BUF_NAMES, BUF_OPART, BUF_QKV,
+                               FLAG_STRIDE, HEAD_LAYER_SHIFT, HEAD_POINT_BIT, N_BUF, ROW_HEAD, ROW_RELEASE, ROW_TILE,
+                               ROW_WAIT, ROW_WORDS, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV, T_XPUSH, T_XRED,
+                               TASK_NAMES)
+from kog.engine.plan import make_plan
+from kog.engine.schedule import ScheduleError, Step, simulate
 from kog.engine.tp import TPShape, shard_config, tp_shape
 
-# exchange task types, after the single-GPU ones (kog.engine.plan T_QKV..T_BAR = 0..6)
-T_XPUSH, T_XRED, T_XSAMPLE = 7, 8, 9
-TP_TASK_NAMES = {**TASK_NAMES, T_XPUSH: "xpush", T_XRED: "xred", T_XSAMPLE: "xsample"}
+# the rank's pick of the token: a task of the plan; the kernel runs it in the token's last CTA (tp_monokernel)
+T_XSAMPLE = 9
+TP_TASK_NAMES = {**TASK_NAMES, T_XSAMPLE: "xsample"}
 XP_O, XP_DOWN = 0, 1                 # exchange points of a layer (task column 3 of XPUSH / XRED)
-# local buffers of a layer whose rows carry readiness counters
-LB_QKV, LB_ATTN, LB_OPART, LB_HMID, LB_ACT, LB_DPART, LB_HOUT = range(7)
-N_LBUF = 7
-LB_NAMES = ("qkv", "attn", "o_partial", "hmid", "act", "down_partial", "hout")
-FLAG_STRIDE = 32                     # int32 per flag: one 128-byte line each (no false sharing between flags)
 
 
 @dataclass
@@ -75,8 +76,8 @@ class ExchangeLayout:
     hidden: int
     exchange_rows: int
     n_chunks: int
-    layout: np.ndarray            # int32 [L, N_LBUF]: first local counter of each buffer of each layer
-    rows_per_counter: np.ndarray  # int32 [N_LBUF]
+    layout: np.ndarray            # int32 [L, N_BUF]: first local counter of each buffer of each layer
+    rows_per_counter: np.ndarray  # int32 [N_BUF]
     counter_target: np.ndarray    # int32 [n_counters]: bumps per token
     lm_counter: int               # index of the LM-done counter
     flag_layout: np.ndarray       # int32 [L, 2]: first chunk flag of each exchange point
@@ -157,34 +158,34 @@ def _local_buffers(model: ModelConfig, shard: ModelConfig, ecfg: EngineConfig, x
     R = ecfg.sync_rows or ecfg.block_k
     H = model.hidden_size
     group_rows = (shard.num_heads // shard.num_kv_heads) * shard.head_dim
-    return {LB_QKV: (shard.qkv_size, R, ecfg.bn_qkv), LB_ATTN: (shard.q_size, group_rows, group_rows),
-            LB_OPART: (H, xrows, ecfg.bn_o), LB_HMID: (H, R, xrows), LB_ACT: (shard.intermediate_size, R,
+    return {BUF_QKV: (shard.qkv_size, R, ecfg.bn_qkv), BUF_ATTN: (shard.q_size, group_rows, group_rows),
+            BUF_OPART: (H, xrows, ecfg.bn_o), BUF_HMID: (H, R, xrows), BUF_ACT: (shard.intermediate_size, R,
                                                                                    ecfg.bn_gate_up),
-            LB_DPART: (H, xrows, ecfg.bn_down), LB_HOUT: (H, R, xrows)}
+            BUF_DPART: (H, xrows, ecfg.bn_down), BUF_HOUT: (H, R, xrows)}
 
 
 def _exchange_layout(model: ModelConfig, shard: ModelConfig, ecfg: EngineConfig, G: int, xrows: int,
                      attn_splits: int) -> ExchangeLayout:
     L, H = model.num_layers, model.hidden_size
     bufs = _local_buffers(model, shard, ecfg, xrows)
-    layout = np.zeros((L, N_LBUF), dtype=np.int32)
+    layout = np.zeros((L, N_BUF), dtype=np.int32)
     targets: list[int] = []
     for l in range(L):
-        for b in range(N_LBUF):
+        for b in range(N_BUF):
             n, R, unit = bufs[b]
             layout[l, b] = len(targets)
             for c0 in range(0, n, R):
                 hits = len(_units_hitting(c0, min(c0 + R, n), unit))
                 # attention: each split of a KV head bumps the head's counter (the kernel's last-arriver merge
                 # is the same dependency with one bump; it would use target 1)
-                targets.append(hits * (attn_splits if b == LB_ATTN else 1))
+                targets.append(hits * (attn_splits if b == BUF_ATTN else 1))
     lm_counter = len(targets)
     targets.append(shard.vocab_size // ecfg.bn_lm)
     n_chunks = H // xrows
     flag_layout = np.arange(L * 2, dtype=np.int32).reshape(L, 2) * n_chunks
     sample_flag = L * 2 * n_chunks
     return ExchangeLayout(G=G, hidden=H, exchange_rows=xrows, n_chunks=n_chunks, layout=layout,
-                          rows_per_counter=np.array([bufs[b][1] for b in range(N_LBUF)], dtype=np.int32),
+                          rows_per_counter=np.array([bufs[b][1] for b in range(N_BUF)], dtype=np.int32),
                           counter_target=np.array(targets, dtype=np.int32), lm_counter=lm_counter,
                           flag_layout=flag_layout, sample_flag=sample_flag,
                           flag_target=np.full(sample_flag + 1, G, dtype=np.int32))
@@ -261,41 +262,41 @@ def task_deps(p: TPPlan, rank: int, task) -> tuple[list[tuple[tuple[int, str, in
         return [(rank, "c", i) for i in _counters_over(p, lyr, buf, lo, hi)]
 
     def hidden_in(lyr):          # the layer's input hidden vector: the previous layer's output (or the embedding)
-        return wc(LB_HOUT, 0, H, lyr - 1) if lyr > 0 else []
+        return wc(BUF_HOUT, 0, H, lyr - 1) if lyr > 0 else []
 
     e = p.meta.get("exchange_rows")
     if ttype == T_QKV:
         waits = hidden_in(layer)
         if layer == 0:           # the token: every rank's pick of the previous step (none before token 0)
             waits = [((rank, "f", xl.sample_flag), int(xl.flag_target[xl.sample_flag]), -1)]
-        return waits, bc(LB_QKV, tile * _bn(p, T_QKV), (tile + 1) * _bn(p, T_QKV))
+        return waits, bc(BUF_QKV, tile * _bn(p, T_QKV), (tile + 1) * _bn(p, T_QKV))
     if ttype == T_ATTN:
         g = tile // p.meta["attn_splits"]
         gq = (sh.num_heads // sh.num_kv_heads) * sh.head_dim
-        waits = (wc(LB_QKV, g * gq, (g + 1) * gq) + wc(LB_QKV, sh.q_size + g * sh.head_dim, sh.q_size + (g + 1) * sh.head_dim)
-                 + wc(LB_QKV, sh.q_size + sh.kv_size + g * sh.head_dim, sh.q_size + sh.kv_size + (g + 1) * sh.head_dim))
-        return waits, bc(LB_ATTN, g * gq, (g + 1) * gq)
+        waits = (wc(BUF_QKV, g * gq, (g + 1) * gq) + wc(BUF_QKV, sh.q_size + g * sh.head_dim, sh.q_size + (g + 1) * sh.head_dim)
+                 + wc(BUF_QKV, sh.q_size + sh.kv_size + g * sh.head_dim, sh.q_size + sh.kv_size + (g + 1) * sh.head_dim))
+        return waits, bc(BUF_ATTN, g * gq, (g + 1) * gq)
     if ttype == T_O:
-        return wc(LB_ATTN, 0, sh.q_size), bc(LB_OPART, tile * _bn(p, T_O), (tile + 1) * _bn(p, T_O))
+        return wc(BUF_ATTN, 0, sh.q_size), bc(BUF_OPART, tile * _bn(p, T_O), (tile + 1) * _bn(p, T_O))
     if ttype == T_GU:
-        return wc(LB_HMID, 0, H), bc(LB_ACT, tile * _bn(p, T_GU), (tile + 1) * _bn(p, T_GU))
+        return wc(BUF_HMID, 0, H), bc(BUF_ACT, tile * _bn(p, T_GU), (tile + 1) * _bn(p, T_GU))
     if ttype == T_DOWN:
-        return wc(LB_ACT, 0, sh.intermediate_size), bc(LB_DPART, tile * _bn(p, T_DOWN), (tile + 1) * _bn(p, T_DOWN))
+        return wc(BUF_ACT, 0, sh.intermediate_size), bc(BUF_DPART, tile * _bn(p, T_DOWN), (tile + 1) * _bn(p, T_DOWN))
     if ttype == T_XPUSH:
-        src = LB_OPART if aux == XP_O else LB_DPART
+        src = BUF_OPART if aux == XP_O else BUF_DPART
         f = int(xl.flag_layout[layer, aux]) + tile
         return wc(src, tile * e, (tile + 1) * e), [(peer, "f", f) for peer in range(p.G)]
     if ttype == T_XRED:
         f = int(xl.flag_layout[layer, aux]) + tile
         lo, hi = tile * e, (tile + 1) * e
         if aux == XP_O:          # residual: the layer's input rows (the embedding row at layer 0: no wait)
-            resid = wc(LB_HOUT, lo, hi, layer - 1) if layer > 0 else []
+            resid = wc(BUF_HOUT, lo, hi, layer - 1) if layer > 0 else []
         else:
-            resid = wc(LB_HMID, lo, hi)
-        out = LB_HMID if aux == XP_O else LB_HOUT
+            resid = wc(BUF_HMID, lo, hi)
+        out = BUF_HMID if aux == XP_O else BUF_HOUT
         return [((rank, "f", f), int(xl.flag_target[f]), 0)] + resid, bc(out, lo, hi)
     if ttype == T_LM:
-        return wc(LB_HOUT, 0, H, p.model.num_layers - 1), [(rank, "c", xl.lm_counter)]
+        return wc(BUF_HOUT, 0, H, p.model.num_layers - 1), [(rank, "c", xl.lm_counter)]
     if ttype == T_XSAMPLE:
         return ([((rank, "c", xl.lm_counter), int(ct[xl.lm_counter]), 0)],
                 [(peer, "f", xl.sample_flag) for peer in range(p.G)])
@@ -322,61 +323,118 @@ def _obj_name(p: TPPlan, obj: tuple[int, str, int]) -> str:
     if i == p.xl.lm_counter:
         return f"rank {rank} LM-done counter"
     l, b = np.unravel_index(np.searchsorted(p.xl.layout.ravel(), i, side="right") - 1, p.xl.layout.shape)
-    return f"rank {rank} counter {i} ({LB_NAMES[b]} of layer {l})"
+    return f"rank {rank} counter {i} ({BUF_NAMES[b]} of layer {l})"
 
 
 def check_tp_plan(p: TPPlan, tokens: int = 2) -> None:
-    """AssertionError naming the first broken invariant of a TP plan:
+    """ScheduleError (an AssertionError) naming the first broken invariant of a TP plan:
     1. every rank runs every task of its shard's step exactly once, each CTA's list in phase order;
     2. every counter and flag is bumped per token exactly as often as its target says (flags: once per rank);
     3. no task waits on a counter or flag that nothing bumps, or for more than its target;
-    4. all ranks' CTAs, all co-resident, complete `tokens` decode steps in any schedule (no deadlock): a
-       monotone simulation that runs every task whose waits hold until nothing moves."""
-    ecfg_bn = p.meta["bn"]
-    expected = _expected_phases(p.model, p.shard, _BNView(ecfg_bn), p.xl.n_chunks, p.meta["attn_splits"])
+    4. all ranks' CTAs, all co-resident, complete `tokens` decode steps (engine/schedule.py): local releases
+       deferred as the kernel defers them, peer flags bumped at once; a stall is a deadlock."""
+    expected = _expected_phases(p.model, p.shard, _BNView(p.meta["bn"]), p.xl.n_chunks, p.meta["attn_splits"])
     bumps: dict[tuple[int, str, int], int] = {}
-    deps: list[list[list]] = []
+    programs: list[list[Step]] = []
     for rp in p.ranks:
         seen: dict[tuple[int, int, int, int], int] = {}
-        rank_deps = []
         for c in range(rp.grid):
             last = (-1, -1)
-            cdeps = []
+            steps: list[Step] = []
             for t in rp.tasks_of(c):
                 ttype, layer, tile, aux = (int(v) for v in t)
-                assert ttype in TP_TASK_NAMES and ttype != T_BAR, f"rank {rp.rank} CTA {c}: task type {ttype}"
+                if ttype not in TP_TASK_NAMES or ttype == T_BAR:
+                    raise ScheduleError(f"rank {rp.rank} CTA {c}: task type {ttype}")
                 key = _phase_key(ttype, layer, aux)
-                assert key >= last, (f"rank {rp.rank} CTA {c}: {_name(ttype, layer, tile, aux)} after a task of a "
-                                     f"later phase (deadlock risk)")
+                if key < last:
+                    raise ScheduleError(f"rank {rp.rank} CTA {c}: {_name(ttype, layer, tile, aux)} after a task of a "
+                                        f"later phase (deadlock risk)")
                 last = key
                 seen[(ttype, layer, tile, aux)] = seen.get((ttype, layer, tile, aux), 0) + 1
-                w, b = task_deps(p, rp.rank, t)
-                for o in b:
+                waits, bumped = task_deps(p, rp.rank, t)
+                for o in bumped:
                     bumps[o] = bumps.get(o, 0) + 1
-                cdeps.append((t, w, b))
-            rank_deps.append(cdeps)
-        deps.append(rank_deps)
+                steps.append(_step(p, rp.rank, t, waits, bumped))
+            programs.append(steps)
         dup = next((k for k, n in seen.items() if n > 1), None)
-        assert dup is None, f"rank {rp.rank}: {_name(*dup)} planned {seen[dup]} times, want once"
+        if dup is not None:
+            raise ScheduleError(f"rank {rp.rank}: {_name(*dup)} planned {seen[dup]} times, want once")
         for (ttype, layer, aux), n in expected.items():
             for tile in range(n):
                 k = seen.pop((ttype, layer, tile, aux), 0)
-                assert k == 1, f"rank {rp.rank}: {_name(ttype, layer, tile, aux)} planned {k} times, want once"
-        assert not seen, f"rank {rp.rank}: unexpected task {_name(*next(iter(seen)))}"
+                if k != 1:
+                    raise ScheduleError(f"rank {rp.rank}: {_name(ttype, layer, tile, aux)} planned {k} times, want once")
+        if seen:
+            raise ScheduleError(f"rank {rp.rank}: unexpected task {_name(*next(iter(seen)))}")
     for r in range(p.G):
         for i, tgt in enumerate(p.xl.counter_target):
             got = bumps.get((r, "c", i), 0)
-            assert got == tgt, f"{_obj_name(p, (r, 'c', i))}: producers bump it {got} times a token, target {tgt}"
+            if got != tgt:
+                raise ScheduleError(f"{_obj_name(p, (r, 'c', i))}: producers bump it {got} times a token, target {tgt}")
         for i, tgt in enumerate(p.xl.flag_target):
             got = bumps.get((r, "f", i), 0)
-            assert got == tgt, f"{_obj_name(p, (r, 'f', i))}: {got} arrivals a token, target {tgt}"
-    for rd in deps:
-        for cd in rd:
-            for t, waits, _ in cd:
-                for obj, tgt, _off in waits:
-                    assert bumps.get(obj, 0) >= tgt > 0, (f"{_name(*(int(v) for v in t))} waits on {_obj_name(p, obj)}"
-                                                           f" for {tgt} a token, which is never produced")
-    _simulate(p, deps, tokens)
+            if got != tgt:
+                raise ScheduleError(f"{_obj_name(p, (r, 'f', i))}: {got} arrivals a token, target {tgt}")
+    for prog in programs:
+        for st in prog:
+            for obj, tgt, _off in st.waits:
+                if not bumps.get(obj, 0) >= tgt > 0:
+                    raise ScheduleError(f"{st.label} waits on {_obj_name(p, obj)} for {tgt} a token, which is never "
+                                        f"produced")
+    simulate_tp(p, tokens)
+
+
+def tp_programs(p: TPPlan) -> list[list[Step]]:
+    """Every rank's CTAs' steps for one token (engine/schedule.py), from task_deps."""
+    programs = []
+    for rp in p.ranks:
+        for c in range(rp.grid):
+            steps = [_step(p, rp.rank, t, *task_deps(p, rp.rank, t)) for t in rp.tasks_of(c)]
+            programs.append(steps + [Step("token end", actions=(("flush",),))])
+    return programs
+
+
+def simulate_tp(p: TPPlan, tokens: int = 2) -> dict:
+    """All ranks' CTAs co-resident for `tokens` decode steps; ScheduleError on a deadlock."""
+    return simulate(tp_programs(p), tokens, describe=lambda o: _obj_name(p, o))
+
+
+def _step(p: TPPlan, rank: int, task, waits, bumped) -> Step:
+    """One task as the simulator runs it: its local counter bump deferred (a release), flags bumped at once."""
+    ttype, layer, tile, aux = (int(v) for v in task)
+    local = [o for o in bumped if o[1] == "c" and o[0] == rank]
+    flags = [o for o in bumped if o[1] == "f"]
+    if len(local) > 1:
+        raise ScheduleError(f"rank {rank}: {_name(ttype, layer, tile, aux)} releases {len(local)} counters (one "
+                            f"release covers one counter)")
+    actions = tuple(("add", f, 1) for f in flags) + ((("tile",),) if local else ())
+    # task_deps' (object, target, token offset): value >= (t + 1 + offset) * target
+    return Step(f"rank {rank} {_name(ttype, layer, tile, aux)}", waits=tuple((o, n, off * n) for o, n, off in waits),
+                actions=actions, release=local[0] if local else None, order=_phase_key(ttype, layer, aux))
+
+
+def rank_rows(p: TPPlan, rank: int, tasks: np.ndarray, dummy_base: int) -> np.ndarray:
+    """The kernel's task table of one rank (layout.ROW_*) from task_deps: each task's release is the local
+    counter it bumps (-1: none, or only peer flags), its wait base the first counter of the local buffer its
+    counter waits fall in (layer 0's layer input: the always-ready counters at dummy_base); exchange tasks
+    carry their point in the head and their chunk as the tile."""
+    xl = p.xl
+    out = np.zeros((len(tasks), ROW_WORDS), dtype=np.int64)
+    firsts = np.sort(xl.layout.ravel())
+    for i, t in enumerate(tasks):
+        ttype, layer, tile, aux = (int(v) for v in t)
+        waits, bumped = task_deps(p, rank, t)
+        local = [o[2] for o in bumped if o[1] == "c" and o[0] == rank and o[2] != xl.lm_counter]
+        counters = [o[2] for o, _, _ in waits if o[1] == "c" and o[2] != xl.lm_counter]
+        wait = dummy_base
+        if counters:       # the first counter of the buffer the first waited counter belongs to
+            wait = int(firsts[np.searchsorted(firsts, min(counters), side="right") - 1])
+        point = aux if ttype in (T_XPUSH, T_XRED) else 0
+        out[i, ROW_HEAD] = ttype | (point << HEAD_POINT_BIT) | (layer << HEAD_LAYER_SHIFT)
+        out[i, ROW_TILE] = tile
+        out[i, ROW_RELEASE] = local[0] if local else -1
+        out[i, ROW_WAIT] = wait
+    return out.astype(np.int32)
 
 
 class _BNView:
@@ -385,41 +443,6 @@ class _BNView:
     def __init__(self, bn: dict[int, int]):
         self.bn_qkv, self.bn_o, self.bn_gate_up, self.bn_down, self.bn_lm = (bn[T_QKV], bn[T_O], bn[T_GU],
                                                                             bn[T_DOWN], bn[T_LM])
-
-
-def _simulate(p: TPPlan, deps: list[list[list]], tokens: int) -> None:
-    val: dict[tuple[int, str, int], int] = {}
-    ptr = {(r, c): 0 for r in range(p.G) for c in range(len(deps[r]))}
-    n_of = {(r, c): len(deps[r][c]) * tokens for r, c in ptr}
-    moved = True
-    while moved:
-        moved = False
-        for (r, c), i in ptr.items():
-            cd = deps[r][c]
-            while i < n_of[(r, c)]:
-                tok, j = divmod(i, len(cd))
-                _, waits, bumped = cd[j]
-                if any(val.get(o, 0) < (tok + 1 + off) * tgt for o, tgt, off in waits):
-                    break
-                for o in bumped:
-                    val[o] = val.get(o, 0) + 1
-                i += 1
-                moved = True
-            ptr[(r, c)] = i
-    stuck = []
-    for (r, c), i in ptr.items():
-        if i < n_of[(r, c)]:
-            cd = deps[r][c]
-            tok, j = divmod(i, len(cd))
-            t = cd[j][0]
-            stuck.append(((tok, _phase_key(int(t[0]), int(t[1]), int(t[3]))), r, c, tok, cd[j]))
-    if stuck:
-        # report the earliest blocked task (by token, then phase): the later ones wait on it, transitively
-        _, r, c, tok, (t, waits, _) = min(stuck, key=lambda s: (s[0], s[1], s[2]))
-        o, tgt, off = next(w for w in waits if val.get(w[0], 0) < (tok + 1 + w[2]) * w[1])
-        raise AssertionError(f"deadlock: rank {r} CTA {c} stuck at token {tok} on {_name(*(int(v) for v in t))}, "
-                             f"waiting on {_obj_name(p, o)} ({val.get(o, 0)} < {(tok + 1 + off) * tgt}); "
-                             f"{len(stuck)} CTA(s) stuck")
 
 
 def plan_summary(p: TPPlan) -> dict:

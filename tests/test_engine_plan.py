@@ -1,12 +1,15 @@
-"""The monokernel's schedule alone (engine/plan.py): no kernel runs here."""
+"""The monokernel's schedule alone (engine/plan.py, engine/schedule.py): no kernel runs here."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from kog.engine.config import PRESETS, ConfigError
-from kog.engine.engine_config import EngineConfig
-from kog.engine.plan import (BUF_ATTN, BUF_HMID, BUF_QKV, T_ATTN, T_BAR, T_LM, T_QKV, check_plan, make_plan)
+from kog.engine.engine_config import EngineConfig, sm90_default
+from kog.engine.layout import (BUF_ATTN, BUF_HMID, BUF_QKV, HEAD_EARLY_BIT, HEAD_LAYER_SHIFT, ROW_HEAD, ROW_RELEASE,
+                               ROW_TILE, ROW_WAIT, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
+from kog.engine.plan import check_plan, early_residual, make_plan
+from kog.engine.schedule import ScheduleError, Step, simulate
 
 LLAMA = PRESETS["llama-3.2-1b"]
 
@@ -50,20 +53,15 @@ def test_counters_cover_each_buffer():
     assert p.layout[0, BUF_HMID] - a0 == LLAMA.num_kv_heads // 2
 
 
-def test_attention_counters_by_sync_rows(monkeypatch):
-    """O reads the whole attention output: with sync_rows >= q_size it polls ONE counter that all KV
-    heads' merges bump (was one per KV head, polled one after another); sync_rows below a KV group still
-    gets one counter per group; the per-group layout stays available for same-run comparisons."""
-    from kog.engine import plan as plan_mod
+def test_attention_counters_by_sync_rows():
+    """O reads the whole attention output: with sync_rows >= q_size it polls ONE counter that all KV heads'
+    merges bump; sync_rows below a KV group still gets one counter per group."""
     g = LLAMA.num_kv_heads
     group_rows = LLAMA.q_size // g
     p = make_plan(LLAMA, EngineConfig(sync_rows=4096), 132)
     a0 = p.layout[0, BUF_ATTN]
     assert p.layout[0, BUF_HMID] - a0 == 1 and p.target[a0] == g
     p = make_plan(LLAMA, EngineConfig(sync_rows=64, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8), 132)
-    assert p.rows_per_counter[BUF_ATTN] == group_rows
-    monkeypatch.setattr(plan_mod, "ATTN_COUNTER_PER_GROUP", True)
-    p = make_plan(LLAMA, EngineConfig(sync_rows=4096), 132)
     assert p.rows_per_counter[BUF_ATTN] == group_rows
 
 
@@ -115,39 +113,130 @@ def test_lm_head_is_last_everywhere():
             assert lm[0] == len(t) - len(lm)
 
 
-def test_sms_cap_plans_a_smaller_grid(monkeypatch):
-    """plan.SMS_CAP (a bench toggle): the plan deals every task over the capped grid only; the topology
-    mapping keeps every SM of its scan."""
-    import kog.engine.plan as plan_mod
-    cfg = PRESETS["tiny"]
-    e = EngineConfig(ctas_per_sm=2)
-    monkeypatch.setattr(plan_mod, "SMS_CAP", 3)
-    p = make_plan(cfg, e, sms=8)
-    assert p.grid == 6 and len(p.cta_start) == 7
-    check_plan(p, cfg, e)
-    topo = make_plan(cfg, e.replace(mapping="topology"), sms=4, sm_partition={s: s % 2 for s in range(4)})
-    assert topo.grid == 8
-
-
-def test_early_residual_marks_only_tasks_whose_residual_a_wait_proved_ready(monkeypatch):
+def test_early_residual_marks_only_tasks_whose_residual_a_wait_proved_ready():
     """plan.early_residual: an O task may load its residual (h) before its input wait only after a qkv task of
     its layer in its CTA's list (qkv waited for all of h), a down task only after a gate_up task of its layer
-    (gate_up waited for all of O's output); nothing else is marked, and EARLY_RESIDUAL off marks nothing."""
-    import kog.engine.plan as plan_mod
-    from kog.engine.plan import T_DOWN, T_GU, T_O, early_residual
+    (gate_up waited for all of O's output); nothing else is marked."""
     tasks = np.array([[T_QKV, 0], [T_O, 0], [T_O, 1], [T_QKV, 1], [T_O, 1], [T_DOWN, 1], [T_GU, 1], [T_DOWN, 1],
                       [T_O, 0]])
     got = early_residual(tasks, np.array([0, 8, 9]))
     assert got.tolist() == [False, True, False, False, True, False, False, True, False]
     # a real plan: every CTA runs qkv and gate_up tiles of each layer (bench shapes), so all O / down tasks
     cfg = PRESETS["llama-3.2-1b"]
-    p = make_plan(cfg, EngineConfig(weight_ring=3, row_prefetch=2, bn_gate_up=4, attn_block=64), 132, attn_splits=10)
+    p = make_plan(cfg, EngineConfig(weight_ring=3, bn_gate_up=4, attn_block=64), 132, attn_splits=10)
     e = early_residual(p.tasks, p.cta_start)
     od = np.isin(p.tasks[:, 0], [T_O, T_DOWN])
     assert e[od].all() and not e[~od].any()
+    assert (((p.rows[:, ROW_HEAD] >> HEAD_EARLY_BIT) & 1).astype(bool) == e).all()
     # a grid larger than the qkv tiles: CTAs without a qkv task of the layer load after their wait
     small = make_plan(PRESETS["tiny"], EngineConfig(bn_qkv=64), 16)
     es = early_residual(small.tasks, small.cta_start)
     assert not es[small.tasks[:, 0] == T_QKV].any() and (~es[np.isin(small.tasks[:, 0], [T_O, T_DOWN])]).any()
-    monkeypatch.setattr(plan_mod, "EARLY_RESIDUAL", False)
-    assert not early_residual(p.tasks, p.cta_start).any()
+
+
+def test_task_rows_state_every_dependency():
+    """The kernel's table: head = type | early | layer, the tile (a barrier's number), the counter a task
+    releases, the first counter of the buffer it reads (layer 0 reads the embedding: the always-ready ones)."""
+    cfg = PRESETS["tiny"]
+    e = EngineConfig(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, sync_rows=32)
+    p = make_plan(cfg, e, 2)
+    t, r = p.tasks, p.rows
+    assert ((r[:, ROW_HEAD] & 63) == t[:, 0]).all() and ((r[:, ROW_HEAD] >> HEAD_LAYER_SHIFT) == t[:, 1]).all()
+    assert (r[:, ROW_TILE] == t[:, 2]).all()
+    q0 = (t[:, 0] == T_QKV) & (t[:, 1] == 0)
+    assert (r[q0, ROW_WAIT] == p.dummy_base).all() and (r[q0, ROW_RELEASE] == p.layout[0, BUF_QKV]
+                                                      + t[q0, 2] * 16 // 32).all()
+    lm = t[:, 0] == T_LM
+    assert (r[lm, ROW_RELEASE] == -1).all()
+    g = make_plan(cfg, e.replace(mode="grid"), 2)
+    bars = g.tasks[:, 0] == T_BAR
+    assert (g.rows[:, ROW_RELEASE] == -1).all() and (g.rows[bars, ROW_TILE] == g.tasks[bars, 3]).all()
+
+
+CHECK_CONFIGS = [dict(), dict(mode="grid"), dict(sync_rows=0, bn_qkv=16), dict(mapping="contiguous", ctas_per_sm=1),
+                 dict(bn_o=32, bn_down=32, bn_lm=32, sync_rows=1024)]
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if p != "tiny"))
+def test_the_checker_passes_every_preset_mode_and_config(preset):
+    """check_plan over every preset, both sync modes and a spread of configs (the sm_90 default with the ring,
+    grid mode, one counter per block_k, contiguous mapping, wider tiles): table, targets, early residuals and
+    a two-token run with every CTA co-resident."""
+    m = PRESETS[preset]
+    for kw in CHECK_CONFIGS:
+        for base in (EngineConfig(), sm90_default(m)):
+            e, splits = base.replace(**kw).attn_layout(576)
+            try:
+                e.validate(m)
+            except ConfigError:
+                continue
+            check_plan(make_plan(m, e, 132, attn_splits=splits), m, e)
+
+
+def _tiny_plan(sms: int = 3):
+    cfg = PRESETS["tiny"]
+    e = EngineConfig(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, sync_rows=32)
+    return cfg, e, make_plan(cfg, e, sms, attn_splits=2)
+
+
+@pytest.mark.parametrize("corrupt, match", [
+    ("release", "releases counter"),
+    ("wait", "waits from counter"),
+    ("target", "releases a token, target"),
+    ("early", "loads its residual before its wait"),
+    ("order", "after a task of a later phase"),
+])
+def test_the_checker_names_each_broken_invariant(corrupt, match):
+    """Each corruption of a valid plan is caught, with the task or counter named (16 SMs: more CTAs than qkv
+    tiles, so some O tasks load their residual after their wait)."""
+    cfg, e, p = _tiny_plan(16)
+    check_plan(p, cfg, e)
+    gu = np.flatnonzero(p.tasks[:, 0] == T_GU)[0]
+    if corrupt == "release":
+        p.rows[gu, ROW_RELEASE] += 1
+    elif corrupt == "wait":
+        p.rows[gu, ROW_WAIT] = p.layout[0, BUF_QKV]
+    elif corrupt == "target":
+        p.target[p.layout[1, BUF_HMID]] += 1
+    elif corrupt == "early":
+        o = np.flatnonzero((p.tasks[:, 0] == T_O) & ~((p.rows[:, ROW_HEAD] >> HEAD_EARLY_BIT) & 1).astype(bool))[0]
+        p.rows[o, ROW_HEAD] |= 1 << HEAD_EARLY_BIT
+    else:
+        lo, hi = int(p.cta_start[0]), int(p.cta_start[1])
+        p.tasks[lo:hi] = p.tasks[lo:hi][::-1].copy()
+        p.rows[lo:hi] = p.rows[lo:hi][::-1].copy()
+    with pytest.raises(ScheduleError, match=match):
+        check_plan(p, cfg, e)
+
+
+def test_the_simulation_finds_a_deadlock_and_names_the_stuck_wait():
+    """Two CTAs each releasing what the other waits for only after its own wait: the run stalls, and the
+    error names the earliest stuck step and the object short of its target."""
+    a = [Step("a waits", waits=(("y", 1, 0),), actions=(("add", "x", 1),))]
+    b = [Step("b waits", waits=(("x", 1, 0),), actions=(("add", "y", 1),))]
+    with pytest.raises(ScheduleError, match=r"deadlock: CTA 0 stuck at token 0 on a waits, waiting on y \(0 < 1\)"):
+        simulate([a, b])
+    # a deferred release is published when the CTA reaches a task that releases elsewhere, before its wait
+    c = [Step("c1", actions=(("tile",),), release="x"), Step("c2", waits=(("y", 1, 0),), release=None)]
+    d = [Step("d", waits=(("x", 1, 0),), actions=(("add", "y", 1),))]
+    assert simulate([c, d], tokens=1) == {"x": 1, "y": 1}
+
+
+def test_arrival_words_per_layer_keep_an_empty_split_from_taking_an_earlier_layer_merge():
+    """The kernel counts attention arrivals per (layer, KV head). A split with no cached positions yet skips
+    its input wait and arrives at once; with one word per KV head across layers, layer 1's empty split lands
+    while layer 0's real last split is still waiting, so the arrival that completes a count is the wrong
+    layer's: layer 0's attention output is never released and its O task waits forever. Two CTAs: one runs
+    the empty splits, the other layer 0's splits and O."""
+    def programs(key):
+        def split(layer, waits):
+            merge = [Step(f"merge layer {layer}", actions=(("add", ("attn", layer), 1),))]
+            return Step(f"split layer {layer}", waits=waits, actions=(("arrive", key(layer), 2, merge),))
+        empty = [split(0, ()), split(1, ())]                                   # no positions yet: no wait
+        real = [Step("qkv", actions=(("add", "qkv0", 1),)), split(0, (("qkv0", 1, 0),)),
+                Step("o layer 0", waits=((("attn", 0), 1, 0),))]
+        return [empty, real]
+
+    simulate(programs(lambda layer: ("arrivals", layer, 0)), tokens=1)
+    with pytest.raises(ScheduleError, match=r"o layer 0, waiting on \('attn', 0\)"):
+        simulate(programs(lambda layer: ("arrivals", 0)), tokens=1)

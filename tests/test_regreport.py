@@ -40,12 +40,20 @@ class _Recorder:
 
 def _compare(launched, spec):
     (_, a, kw), (sa, smeta) = launched, spec
+
+    def same(x, y, where):
+        if isinstance(x, tuple):           # an argument group: field by field
+            assert type(x) is type(y), f"{where}: {type(x).__name__} vs {type(y).__name__}"
+            for f, xv, yv in zip(getattr(x, "_fields", range(len(x))), x, y):
+                same(xv, yv, f"{where}.{f}")
+        elif isinstance(x, torch.Tensor):
+            assert type(y).__name__ == "MockTensor" and y.dtype == x.dtype, f"{where}: {x.dtype} vs {y!r}"
+        else:
+            assert type(x) is type(y) and x == y, f"{where}: launcher {x!r}, launch_spec {y!r}"
+
     assert len(a) == len(sa)
     for i, (x, y) in enumerate(zip(a, sa)):
-        if isinstance(x, torch.Tensor):
-            assert type(y).__name__ == "MockTensor" and y.dtype == x.dtype, f"argument {i}: {x.dtype} vs {y!r}"
-        else:
-            assert type(x) is type(y) and x == y, f"argument {i}: launcher {x!r}, launch_spec {y!r}"
+        same(x, y, f"argument {i}")
     assert kw == smeta
 
 

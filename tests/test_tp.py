@@ -226,7 +226,7 @@ def test_simulation_finds_a_cross_rank_deadlock():
     j = _find(rp, T_XPUSH, layer=1, tile=1, aux=1)
     with pytest.raises(AssertionError):
         check_tp_plan(p)
-    from kog.engine.tp_plan import _simulate
-    deps = [[[(t, *task_deps(p, q.rank, t)) for t in q.tasks_of(c)] for c in range(q.grid)] for q in p.ranks]
-    with pytest.raises(AssertionError, match="deadlock: rank . CTA .* waiting on rank . flag layer 1 point down chunk 0"):
-        _simulate(p, deps, 2)
+    from kog.engine.tp_plan import simulate_tp
+    with pytest.raises(AssertionError, match="deadlock: CTA .* stuck at token 0 on rank . .*waiting on rank . flag "
+                                             "layer 1 point down chunk 0"):
+        simulate_tp(p, 2)

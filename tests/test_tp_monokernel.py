@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +18,8 @@ from kog.engine.engine_config import EngineConfig
 from kog.engine.monokernel import Monokernel, MonokernelError
 from kog.engine.reference import Reference
 from kog.engine.tp_monokernel import TPMonokernel, check_exchange_rows
-from kog.engine.tp_plan import T_XRED, XP_O
+from kog.engine.layout import HEAD_LAYER_SHIFT, ROW_HEAD, T_XRED
+from kog.engine.tp_plan import XP_O
 from kog.engine.weights import random_weights
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -104,9 +106,9 @@ def test_a_flag_that_never_fills_is_an_error_naming_rank_flag_and_task():
     w = random_weights(cfg, "cpu", seed=3, dtype=torch.float32)
     tp = TPMonokernel(cfg, w, 1, E, max_seq=64)
     rk = tp.ranks[0]
-    t = rk.tasks
-    row = int(((t[:, 0] == T_XRED) & (t[:, 1] == 0) & (t[:, 2] == 0) & (t[:, 3] == XP_O)).nonzero()[0, 0])
-    t[row, 4] = int(tp.plan.xl.flag_layout[1, XP_O])
+    t = rk.plan.tasks
+    row = int(np.flatnonzero((t[:, 0] == T_XRED) & (t[:, 1] == 0) & (t[:, 2] == 0) & (t[:, 3] == XP_O))[0])
+    rk.rows[row, ROW_HEAD] += 1 << HEAD_LAYER_SHIFT        # its row now says layer 1: it polls layer 1's flag
     with pytest.raises(MonokernelError, match=r"rank 0: a wait timed out on rank 0 flag layer 1 point o chunk 0 "
                                               r"in task \d+ \(xred layer 0 tile 0 point o"):
         tp.generate(PROMPT, 2)

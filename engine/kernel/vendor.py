@@ -116,89 +116,10 @@ def poll_acquire(ptr, VENDOR: tl.constexpr, SYS: tl.constexpr):
     return v
 
 
-# Wait (bounded) until counters[0..n) each reach target[i] * t1, as ONE instruction stream with no loop
-# structure visible to Triton: a spin written as a Python loop would stop the software pipeliner from
-# pipelining the loop around it (kog.engine.kernel._gemv_run). Each thread polls with ld.acquire.gpu, so each
-# thread's later loads see what the producers released. Every 64th poll reads the abort word (another CTA
-# timed out: stop at once). $0 = index of the counter that timed out (-1: all ready, or need == 0),
-# $1 = an opaque 0 that the consumer adds to its input's address: that data dependency keeps the input loads
-# below the wait (the pipeliner's scheduler may otherwise reorder them above it, even volatile ones).
-# Labels inside { } are local to the block, so the asm may appear any number of times in one kernel.
-WAIT_COUNTERS_PTX = tl.constexpr(
-    "{\n.reg .pred %wp;\n.reg .u32 %wn, %wi, %wt, %wv, %wa;\n.reg .u64 %wc, %wg;\n"
-    "mov.u32 $1, 0;\nmov.u32 $0, 0xFFFFFFFF;\nsetp.eq.u32 %wp, $8, 0;\n@%wp bra W_END;\n"
-    "mov.u64 %wc, $2;\nmov.u64 %wg, $3;\nmov.u32 %wi, 0;\n"
-    "W_NEXT:\nsetp.ge.u32 %wp, %wi, $4;\n@%wp bra W_END;\n"
-    "ld.global.b32 %wt, [%wg];\nmul.lo.u32 %wt, %wt, $5;\nmov.u32 %wn, 0;\n"
-    "W_POLL:\nld.acquire.gpu.global.b32 %wv, [%wc];\nsetp.ge.s32 %wp, %wv, %wt;\n@%wp bra W_READY;\n"
-    "add.u32 %wn, %wn, 1;\nand.b32 %wa, %wn, 63;\nsetp.ne.u32 %wp, %wa, 0;\n@%wp bra W_POLL;\n"
-    "ld.volatile.global.b32 %wa, [$7];\nsetp.ne.u32 %wp, %wa, 0;\n@%wp bra W_FAIL;\n"
-    "setp.lt.u32 %wp, %wn, $6;\n@%wp bra W_POLL;\n"
-    "W_FAIL:\nmov.u32 $0, %wi;\nbra W_END;\n"
-    "W_READY:\nadd.u32 %wi, %wi, 1;\nadd.u64 %wc, %wc, 4;\nadd.u64 %wg, %wg, 4;\nbra W_NEXT;\n"
-    "W_END:\n}")
-
-
-@triton.jit
-def wait_counters(cnt_ptr, tgt_ptr, n, t1, max_spin, abort_ptr, need, VENDOR: tl.constexpr):
-    """(failed counter index or -1, an opaque 0 to add to the next loads' addresses): wait until
-    cnt_ptr[i] >= tgt_ptr[i] * t1 for i < n when need != 0 (at most max_spin polls per counter).
-
-    NVIDIA: one inline asm (WAIT_COUNTERS_PTX), pipeliner-safe. Elsewhere (interpreter; AMD, unverified):
-    a plain bounded loop of acquire polls; Triton then does not software-pipeline the loop around it."""
-    if VENDOR == 1:
-        f, dep = tl.inline_asm_elementwise(WAIT_COUNTERS_PTX, "=r,=r,l,l,r,r,r,l,r",
-                                           [cnt_ptr, tgt_ptr, n, t1, max_spin, abort_ptr, need],
-                                           dtype=(tl.int32, tl.int32), is_pure=False, pack=1)
-    else:
-        f = n * 0 - 1
-        dep = n * 0
-        if need != 0:
-            for i in range(0, n):
-                if f < 0:
-                    tgt = tl.load(tgt_ptr + i) * t1
-                    v = poll_acquire(cnt_ptr + i, VENDOR, False)
-                    k = 0
-                    while (v < tgt) & (k < max_spin):
-                        v = poll_acquire(cnt_ptr + i, VENDOR, False)
-                        k += 1
-                        if k % 64 == 0:
-                            if tl.load(abort_ptr, volatile=True) != 0:
-                                k = max_spin
-                    if v < tgt:
-                        f = i
-    return f, dep
-
-
-# Publish n finished tiles on a counter from inside a software-pipelined loop: bar.sync 0 (every thread's
-# earlier stores happen-before) and one thread's red.release.gpu.add (cumulative over what the CTA's threads
-# wrote). tl.debug_barrier() would do the same but stops Triton's pipeliner (a gpu.barrier in the loop).
-# $0 = an opaque 0 for the next wait's operands (keeps the release before that wait). $3 = need.
-RELEASE_PTX = tl.constexpr(
-    "{\n.reg .pred %rp;\n.reg .u32 %rt;\nmov.u32 $0, 0;\nsetp.eq.u32 %rp, $3, 0;\n@%rp bra R_END;\nbar.sync 0;\n"
-    "mov.u32 %rt, %tid.x;\nsetp.ne.u32 %rp, %rt, 0;\n@%rp bra R_END;\nred.release.gpu.global.add.s32 [$1], $2;\n"
-    "R_END:\n}")
-
-
-@triton.jit
-def release_counter(ptr, n, need, VENDOR: tl.constexpr):
-    """counter += n with release semantics for the whole CTA's earlier stores, when need != 0 (all threads
-    call it with the same need); returns an opaque 0 (see RELEASE_PTX)."""
-    if VENDOR == 1:
-        z = tl.inline_asm_elementwise(RELEASE_PTX, "=r,l,r,r", [ptr, n, need], dtype=tl.int32, is_pure=False,
-                                      pack=1)
-    else:
-        z = n * 0
-        if need != 0:
-            tl.debug_barrier()
-            tl.atomic_add(ptr, n, sem="release", scope="gpu")
-    return z
-
-
-# ---- the weight ring (EngineConfig.weight_ring; kog.engine.ring) --------------------------------------------
+# ---- the weight ring (EngineConfig.weight_ring; kernel/ring.py) ------------------------------------------------
 # NVIDIA (sm_90): a ring of shared-memory slots behind Triton's own shared memory, filled by one thread's
 # cp.async.bulk copies (the TMA engine: no registers, no per-thread addresses) that complete on one mbarrier
-# per slot. The interpreter (VENDOR 0) emulates it in global memory (kog.engine.ring); AMD has no ring
+# per slot. The interpreter (VENDOR 0) emulates it in global memory (kernel/ring.py); AMD has no ring
 # (validate() refuses it there).
 
 @triton.jit

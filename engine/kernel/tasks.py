@@ -1,0 +1,125 @@
+"""The decode step's GEMV tasks: a row tile of one matrix, its input, its epilogue.
+
+  qkv      rows of Wqkv . RMSNorm(h) (+ bias)           -> the qkv buffer (or tagged words for attention)
+  o        hmid = h + rows of Wo . attn                  (tensor parallelism: the partial sum only)
+  gate_up  silu(Wg . RMSNorm(hmid)) * (Wu . RMSNorm(hmid))
+  down     h' = hmid + rows of Wdown . act               (tensor parallelism: the partial sum only)
+  lm       logits = rows of Wlm . RMSNorm(h_L) -> this tile's best candidate for the next token
+
+Each returns the CTA's updated stream state (StreamState: wait cache, ring cursor, input cache), its pending
+release and the ns it waited (traced launches).
+"""
+from collections import namedtuple
+
+import triton
+import triton.language as tl
+
+from kog.engine.kernel.gemv import GemvInput, gemv, rounded_sum
+from kog.engine.kernel.names import (ACT_ATTN, ACT_COLS, ACT_DPART, ACT_H, ACT_HMID, ACT_HOUT, ACT_MLP, ACT_OPART,
+                                     ACT_QKV, BUF_ACT, BUF_ATTN, BUF_HMID, BUF_HOUT, P_ATTN_NORM, P_BIAS, P_FFN_NORM,
+                                     SOFF_COLS, TP_VOCAB_LO)
+from kog.engine.kernel.numerics import rnd
+from kog.engine.kernel.sampling import gumbel_scores, tile_best
+from kog.engine.kernel.sync import Pending, tag_store
+
+# what a CTA carries from task to task: the wait cache, the ring's cursor, the inputs held in registers
+StreamState = namedtuple("StreamState", "wc rc xc")
+# the LM head's running best candidate of this CTA
+Best = namedtuple("Best", "v i")
+
+
+@triton.jit
+def _input(task, col, R_buf, norm, tok, mw, ac, pa):
+    """The GemvInput of a task reading activation column `col` (rows per counter of buffer R_buf), RMS-normed
+    with the weight at small[norm] when the phase consumes a norm."""
+    xo = tl.load(ac.aoff + task.layer * ACT_COLS + col)
+    return GemvInput(ac.act + xo, mw.small + norm, task.wait, tl.load(pa.rpc + R_buf), xo + tok.xtok)
+
+
+@triton.jit
+def _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, S, C):
+    acc, acc2, waited, wc, rc, xc = gemv(inp, task.layer, task.tile, tok.t1, task.index, fx.eps, sm.wc, sm.rc, sm.xc,
+                                         cta.rs, mw, pa, sy, cta.index, S, C)
+    return acc, acc2, waited, StreamState(wc, rc, xc)
+
+
+@triton.jit
+def qkv_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, M, C):
+    DT: tl.constexpr = mw.w.dtype.element_ty
+    so = mw.soff + task.layer * SOFF_COLS
+    rows = task.tile * C.QKV.BN + tl.arange(0, C.QKV.BN)
+    # layer 0 reads the embedding row, released with the token: its wait base is a block of always-ready counters
+    inp = _input(task, ACT_H, BUF_HOUT, tl.load(so + P_ATTN_NORM), tok, mw, ac, pa)
+    y, _, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, C.QKV, C)
+    if M.HAS_BIAS:
+        y += tl.load(mw.small + tl.load(so + P_BIAS) + rows)
+    if C.TAGQKV:   # tagged words: attention polls the data itself; no counter, no release
+        tag_store(ac.qkvt + task.layer * (M.QS + 2 * M.KVS), rows, rnd(y, DT), tok.t1)
+    else:
+        tl.store(ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_QKV) + rows, rnd(y, DT))
+        pend = Pending(pend.counter, pend.n + 1)
+    return sm, pend, waited
+
+
+@triton.jit
+def residual_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, S, DOWN: tl.constexpr, M, C):
+    """O (DOWN False, S = C.O: hmid = h + Wo . attn) or down (S = C.DOWN: h' = hmid + Wdown . act). The residual
+    rows load before the input wait where the plan proved them ready (task.early), so their L2 latency leaves
+    the epilogue."""
+    DT: tl.constexpr = mw.w.dtype.element_ty
+    if DOWN:
+        inp = _input(task, ACT_MLP, BUF_ACT, 0, tok, mw, ac, pa)
+    else:
+        inp = _input(task, ACT_ATTN, BUF_ATTN, 0, tok, mw, ac, pa)
+    aoff = ac.aoff + task.layer * ACT_COLS
+    res_col = ACT_HMID if DOWN else ACT_H
+    rows = task.tile * S.BN + tl.arange(0, S.BN)
+    h = tl.load(ac.act + tl.load(aoff + res_col) + rows, mask=(rows >= 0) & (task.early != 0), other=0.0,
+                cache_modifier=".cg")
+    acc, _, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, S, C)
+    if C.TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
+        tl.store(ac.act + tl.load(aoff + (ACT_DPART if DOWN else ACT_OPART)) + rows, rounded_sum(acc, DT, S.RANKS))
+    else:
+        if task.early == 0:
+            h = tl.load(ac.act + tl.load(aoff + res_col) + rows, cache_modifier=".cg")
+        tl.store(ac.act + tl.load(aoff + (ACT_HOUT if DOWN else ACT_HMID)) + rows,
+                 rnd(h + rounded_sum(acc, DT, S.RANKS), DT))
+    return sm, Pending(pend.counter, pend.n + 1), waited
+
+
+@triton.jit
+def gate_up_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, M, C):
+    DT: tl.constexpr = mw.w.dtype.element_ty
+    so = mw.soff + task.layer * SOFF_COLS
+    rows = task.tile * C.GU.BN + tl.arange(0, C.GU.BN)
+    inp = _input(task, ACT_HMID, BUF_HMID, tl.load(so + P_FFN_NORM), tok, mw, ac, pa)
+    ag, au, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, C.GU, C)
+    gt = rnd(ag, DT)
+    y = rnd(rnd(gt / (1.0 + tl.exp(-gt)), DT) * rnd(au, DT), DT)   # silu(g) * u (HF: in the model dtype)
+    tl.store(ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_MLP) + rows, y)
+    return sm, Pending(pend.counter, pend.n + 1), waited
+
+
+@triton.jit
+def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
+    """Logits of this tile's vocabulary rows (stored when asked), their sampling scores, the CTA's best."""
+    DT: tl.constexpr = mw.w.dtype.element_ty
+    rows = task.tile * C.LM.BN + tl.arange(0, C.LM.BN)
+    inp = _input(task, ACT_H, BUF_HOUT, fx.fnorm_off, tok, mw, ac, pa)
+    acc, _, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, C.LM, C)
+    lg = rnd(acc, DT)                            # HF_ROUNDING: logits in the model dtype, as HF
+    if run.write_logits != 0:
+        tl.store(ac.logits + tl.cast(tok.step, tl.int64) * M.V + rows, lg)
+    if C.SAMPLE == 2:
+        sc = lg * run.inv_temp
+        tl.store(ac.partial_v + C.GPOW + rows, sc)   # scaled logits for the filter passes
+        b, bi = tile_best(sc, rows, rows < M.V)
+    elif C.TP:     # vocab parallel: scores and picks are keyed by the global token id
+        gid = tl.load(pa.peers + TP_VOCAB_LO).to(tl.int32) + rows
+        sc = gumbel_scores(lg, gid, tok.pos, run.seed, run.inv_temp, C.VR, C.SAMPLE)
+        b, bi = tile_best(sc, gid, gid < C.VR)
+    else:
+        sc = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, C.SAMPLE)
+        b, bi = tile_best(sc, rows, rows < M.V)
+    take = b > best.v
+    return sm, Best(tl.where(take, b, best.v), tl.where(take, bi, best.i)), waited
