@@ -205,7 +205,7 @@ def attn_split_timing(tl: pd.DataFrame, attn: pd.DataFrame, system: str) -> pd.D
     relative to the end of its layer's last qkv task, median over the layers and KV heads, with the share of
     them that merged. `attn` is the split stamps table (kog.engine.trace.attn_stamps_table: task, step,
     split, wait_ns, merged; `bench/engine_check.py --save-timeline --attn-stamps` writes attn_t<i>.parquet).
-    The instrument of bench/h200/ENGINE_NOTES.md session 13: a split's wait ended ~0.7 us after the qkv
+    The instrument of docs/engine-notes.md session 13: a split's wait ended ~0.7 us after the qkv
     phase's end whenever it started, its q done 8 us before, because round trips issued during the weight
     stream queue behind the rings' copies."""
     tok = _traced_token(tl, system, {"step", "task", "layer", "phase", "start_ns", "end_ns"})

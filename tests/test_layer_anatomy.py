@@ -1,12 +1,12 @@
 """The critical path per layer (kog.reports.bench_tables.layer_segments / critical_path_table and the
-bench/layer_anatomy.py CLI) on the bundled H200 bench run (reports/data/h200_bench_run)."""
-import importlib.util
+kog.reports.layer_anatomy CLI) on the bundled H200 bench run (reports/data/h200_bench_run)."""
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from kog.reports import layer_anatomy as la
 from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
                                       phase_weight_bytes)
 
@@ -14,17 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "reports" / "data" / "h200_bench_run"
 
 
-@pytest.fixture(scope="module")
-def la():
-    spec = importlib.util.spec_from_file_location("layer_anatomy", REPO / "bench" / "layer_anatomy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_segments_of_the_bundled_run(la, tmp_path, capsys):
+def test_segments_of_the_bundled_run(tmp_path, capsys):
     out = tmp_path / "a.json"
-    assert la.main([str(RUN), "--json", str(out)]) == 0
+    assert la.main(["--json", str(out)]) == 0            # RUN_DIR defaults to the bundled run
     segs = {r["segment"]: r for r in json.loads(out.read_text())["median_us"]}
     assert list(segs) == ["down -> qkv", "qkv -> attn", "attn -> o", "o -> gate_up", "gate_up -> down",
                           "layer (sum)"]
@@ -50,7 +42,7 @@ def test_a_synthetic_trace_gives_the_segments_it_was_built_with():
     assert layer_segments(pd.DataFrame(rows), "other", 1000.0, None).empty
 
 
-def test_not_a_run_directory_is_one_line(la, tmp_path, capsys):
+def test_not_a_run_directory_is_one_line(tmp_path, capsys):
     assert la.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert la.main([str(RUN), "--system", "no-such"]) == 2
@@ -72,7 +64,7 @@ def test_hop_table_of_a_synthetic_trace():
     assert hop_table(pd.DataFrame(rows).drop(columns="wait_ns"), "s").empty
 
 
-def test_an_engine_check_timeline_with_hops(la, tmp_path, capsys):
+def test_an_engine_check_timeline_with_hops(tmp_path, capsys):
     # bench/engine_check.py --save-timeline writes timeline_t<i>.parquet (its system column is the entry's
     # name): layer_anatomy reads it as one system, without a bench.json (no streaming columns)
     tl = pd.read_parquet(RUN / "timeline.parquet")
@@ -83,7 +75,7 @@ def test_an_engine_check_timeline_with_hops(la, tmp_path, capsys):
     assert "what each segment is made of" in out and "o -> gate_up" in out.split("made of")[1]
 
 
-def test_attn_split_timing_of_a_synthetic_trace(la, tmp_path, capsys):
+def test_attn_split_timing_of_a_synthetic_trace(tmp_path, capsys):
     # one traced token, one layer: qkv ends at 10 us; split 0 starts at 8, waits 2.5 us, ends at 14 and merges;
     # split 1 starts at 9, waits 0, ends at 10.5. Times are relative to the qkv end: (-2, 0.5, 4) and (-1, -1, 0.5)
     tl = pd.DataFrame([dict(system="s", step=1, task=0, layer=0, phase="qkv", cta=0, start_ns=0, end_ns=10000,

@@ -133,7 +133,7 @@ def test_single_gpu_tp_compat_equals_two_ranks_bit_for_bit(arch, dtype):
     """EngineConfig.tp_compat=G: the single-GPU kernel reduces O and down as G ranks do (each rank's K slice
     rounded, the slices added in rank order), so its logits and tokens equal TPMonokernel's with G ranks
     exactly; without it they differ in the last bits (one K loop), which is what breaks greedy-token identity
-    on long bf16 runs (bench/h200x4/TP_NOTES.md)."""
+    on long bf16 runs (docs/tp-notes.md)."""
     cfg = TINY[arch].replace(dtype="float32" if dtype == torch.float32 else "float16").validate()
     w = random_weights(cfg, "cpu", seed=11, dtype=dtype)
     ref_tokens = Reference(cfg, w, 64).greedy(PROMPT, 3)

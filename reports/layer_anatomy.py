@@ -1,6 +1,6 @@
 """Where one token's time goes, layer by layer, from an instrumented run's per-task trace (no GPU needed).
 
-    python bench/layer_anatomy.py [RUN_DIR] [--system kog-targeted] [--json OUT] [--hops] [--attn ATTN_PARQUET]
+    python -m kog.reports.layer_anatomy [RUN_DIR] [--system kog-targeted] [--json OUT] [--hops] [--attn ATTN_PARQUET]
 
 Reads the `timeline` table and bench.json of a `kogtune bench` run directory (default: the bundled
 reports/data/h200_bench_run) and prints, per critical-path segment of a layer (the last task of one phase
@@ -8,11 +8,11 @@ ending to the last of the next: down(l-1) -> qkv -> attn -> o -> gate_up -> down
 of the measured time, what the phase's weight bytes take at the run's copy rate, and the excess (the latency
 chain and imbalance paid there). The engine report shows the same table (kog.reports.bench_tables).
 --hops adds what each segment is made of (kog.reports.bench_tables.hop_table: the last CTA's lag, the
-hand-off, the first and later tasks; bench/h200/ENGINE_NOTES.md session 12). RUN_DIR may also be a
+hand-off, the first and later tasks; docs/engine-notes.md session 12). RUN_DIR may also be a
 timeline parquet that bench/engine_check.py --save-timeline wrote (no bench.json: no streaming columns).
 --attn adds, from the split stamps that `--save-timeline --attn-stamps` wrote beside it (attn_t<i>.parquet),
 when each attention split starts, ends its wait and ends against its layer's qkv phase end
-(kog.reports.bench_tables.attn_split_timing; ENGINE_NOTES session 13).
+(kog.reports.bench_tables.attn_split_timing; docs/engine-notes.md session 13).
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ import pandas as pd
 from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
                                       model_shapes_of, phase_weight_bytes)
 
-REPO = Path(__file__).resolve().parents[1]
+from kog.reports.cli import BUNDLED_BENCH_RUN
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python bench/layer_anatomy.py")
-    ap.add_argument("run", nargs="?", default=str(REPO / "reports/data/h200_bench_run"),
+    ap = argparse.ArgumentParser(prog="python -m kog.reports.layer_anatomy")
+    ap.add_argument("run", nargs="?", default=str(BUNDLED_BENCH_RUN),
                     help="a kogtune bench run directory, or an engine_check.py timeline parquet")
     ap.add_argument("--system", default="kog-targeted")
     ap.add_argument("--json", default=None, help="write the per-segment medians here")
