@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from kog.probe.errors import NotBuiltError, UsageError
+from kog.errors import NotBuiltError, UsageError
 
 _REGISTRY: dict[str, Callable] = {}
 KOG_SYSTEMS = ("kog-targeted", "kog-grid")
@@ -323,7 +323,8 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
     import torch
 
     from kog.engine.weights import resolve_model
-    from kog.reports.runstore import RunStore, git_commit, package_versions, source_digest
+    from kog.provenance import git_commit, package_versions, source_digest
+    from kog.runstore import RunStore
 
     known = available_systems()
     names = _systems_arg(systems, known)
@@ -424,7 +425,7 @@ def _summary_lines(out: dict) -> list[str]:
 
 def render_report(path: Path) -> Path:
     """The engine report of a finished bench run, RUN/report.html (Chrome traces beside it)."""
-    from kog.probe.errors import KogError
+    from kog.errors import KogError
     from kog.reports.engine_report import render_bench_report
     try:
         return render_bench_report(path, Path(path) / "report.html")

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from kog.probe.errors import NotBuiltError, UsageError
+from kog.errors import NotBuiltError, UsageError
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,

@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from kog.probe import __version__
-from kog.probe.errors import cli_entry, import_command
+from kog import __version__
+from kog.errors import cli_entry, import_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +74,7 @@ def cmd_device(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     runs = RunStore(args.runs_dir).list(args.kind)
     rows = [{"path": str(r.path), "kind": r.kind, "status": r.status,
              "device": (r.meta.get("device") or {}).get("name"), "started": r.meta.get("started")}

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.probe.probes import PROBES
 
 # Published figures the summary compares against (ours / theirs; a gap over 30% gets an explanation).
@@ -203,7 +203,7 @@ def run_scan(info, probes: list[str], quick: bool, runs_dir=None, argv=None, pro
     """Run `probes` on the GPU `info` describes; returns (run, summary)."""
     import torch
     from kog.probe.probes.common import ProbeContext
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     torch.cuda.set_device(info.index)
     ctx = ProbeContext(sms=info.sms, vendor=info.vendor, quick=quick, device_index=info.index,
                        l2_bytes=info.l2_bytes, dies=info.dies or 1, llc_bytes=info.llc_bytes)

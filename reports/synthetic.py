@@ -6,7 +6,7 @@ cycles; a 132-CTA atomic barrier ~0.92 us; copy ~4.2 TB/s) plus seeded noise, so
 real thing; the table schemas are the ones the probes, the bench and the tuner write. `drop` leaves
 probes or tables out (and `errors` records why), to exercise the reports' "missing" sections.
 
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     from kog.reports import synthetic
     run = synthetic.write_scan(RunStore(tmp), drop=("signal",), errors={"signal": "timeout"})
 """

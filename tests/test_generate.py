@@ -190,7 +190,7 @@ def test_bench_system_records_errors_and_goes_on():
 def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
     """The whole bench bookkeeping (systems, errors, run directory, JSON keys) with the CPU stand-in."""
     from kog.engine import bench
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     bench.available_systems()
     monkeypatch.setitem(bench._REGISTRY, "kog-grid", bench._not_built("kog-grid", "not built"))
 

@@ -181,7 +181,7 @@ needs_bundle = pytest.mark.skipif(not (bundled / "meta.json").exists(), reason="
 
 @needs_bundle
 def test_bundled_scan_tables_have_the_schema():
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     run = open_run(bundled)
     assert run.kind == "scan"
     for name, cols in TABLE_COLUMNS.items():
@@ -192,7 +192,7 @@ def test_bundled_scan_tables_have_the_schema():
 
 @needs_bundle
 def test_bundled_scan_analyses_reproduce_its_summary():
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     run = open_run(bundled)
     t = load_tables(run)
     summ = run.json("summary")

@@ -7,7 +7,7 @@ import pytest
 
 from kog.engine.config import preset
 from kog.engine.engine_config import EngineConfig
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.tune.cli import main
 from kog.tune.objective import Objective, TrialContext
 from kog.tune.space import build_space, config_from_params

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kog.probe import __version__
-from kog.probe.errors import cli_entry, import_command
+from kog import __version__
+from kog.errors import cli_entry, import_command
 
 
 def build_parser() -> argparse.ArgumentParser:

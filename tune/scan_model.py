@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def write_scan_dir(model: ScanModel, path: str | Path) -> Path:
 def find_scan_dir(device_name: str | None = None) -> Path | None:
     """This device's latest complete scan run under runs/ (KOG_RUNS_DIR), else the bundled scan."""
     try:
-        from kog.reports.runstore import RunStore
+        from kog.runstore import RunStore
         run = RunStore().latest("scan", device_name=device_name)
         if run is not None:
             return run.path

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 
 HEARTBEAT_S, GRACE_S = 20, 60
 
@@ -48,7 +48,7 @@ def quiet_optuna() -> None:
 
 # ---- storage -------------------------------------------------------------------------------------
 def default_storage(runs_dir: str | os.PathLike | None) -> str:
-    from kog.reports.runstore import default_root
+    from kog.runstore import default_root
     root = Path(runs_dir) if runs_dir else default_root()
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(root / 'kog-studies.db').resolve()}"
@@ -853,7 +853,7 @@ def summarize(study) -> dict[str, Any]:
 
 def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
     from kog.engine.engine_config import EngineConfig
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     from kog.tune import store
     summ = summarize(study)
     summ.update({"storage": redact(s.storage_url), "wall_s": round(wall, 2), "revived_dead_trials": revived,

@@ -161,7 +161,7 @@ def check(cfg: EngineConfig, model: ModelConfig, sms: int,
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
-    from kog.probe.errors import UsageError
+    from kog.errors import UsageError
     try:
         vals = tuple(sorted({int(v) for v in str(text).split(",") if v.strip()}))
     except ValueError:
@@ -174,7 +174,7 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
 def parse_tp_degrees(text: str | None) -> tuple[int, ...]:
     """`--tp 1,2,4` -> (1, 2, 4); UsageError (one line) for a degree that is not a power of two <= MAX_TP.
     None -> (1,): no tensor parallelism, the space of a study without --tp."""
-    from kog.probe.errors import UsageError
+    from kog.errors import UsageError
     if text is None:
         return (1,)
     vals = _int_list(text, "--tp")
@@ -187,7 +187,7 @@ def parse_tp_degrees(text: str | None) -> tuple[int, ...]:
 
 def parse_exchange_rows(text: str | None) -> tuple[int, ...]:
     """`--exchange-rows 64,128` -> (64, 128); UsageError for a value that is not a power of two."""
-    from kog.probe.errors import UsageError
+    from kog.errors import UsageError
     if text is None:
         return EXCHANGE_ROWS_CHOICES
     vals = _int_list(text, "--exchange-rows")

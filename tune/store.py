@@ -30,7 +30,7 @@ def store_path() -> Path:
 
 def kog_version() -> str:
     try:
-        from kog.probe import __version__
+        from kog import __version__
         return str(__version__)
     except Exception:
         return "0"
@@ -62,7 +62,7 @@ def _load(path: Path) -> dict[str, Any]:
 def save_best(device_name: str, model: ModelConfig, cfg: EngineConfig, tok_per_s: float,
               source: dict[str, Any] | None = None, only_if_better: bool = True) -> bool:
     """Store `cfg` for this key (kept if an equal-or-better one is stored already). True if written."""
-    from kog.reports.runstore import atomic_write_json
+    from kog.runstore import atomic_write_json
     import datetime as _dt
     path = store_path()
     d = _load(path)

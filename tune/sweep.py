@@ -261,5 +261,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from kog.probe.errors import cli_entry
+    from kog.errors import cli_entry
     sys.exit(cli_entry("kog.tune.sweep")(main)())
