@@ -21,11 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from kog.engine.bench import rel_errs
 from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.bench_tables import (critical_path_table, layer_segments, model_shapes_of, phase_breakdown,
-                                      phase_table, phase_weight_bytes)
+                                      phase_table, phase_weight_bytes, rel_errs)
 from kog.reports.html import Section, error_for, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks

@@ -133,3 +133,21 @@ def test_search_baseline_is_what_the_engine_runs_there():
     assert engine_default("gpu", "NVIDIA H200", h200, llama) == sm90_default(llama)
     assert engine_default("gpu", "NVIDIA A100", NS(vendor="nvidia", arch="sm_80"), llama) == EngineConfig()
     assert engine_default("sim", "NVIDIA H200", h200, sheared) == EngineConfig()
+
+
+def test_tuned_config_takes_the_store_then_the_builtin_table_then_the_platform_default(tmp_path, monkeypatch):
+    """kog.tune.store.tuned_config, what kogtune bench / generate run: the user's stored config, else kog's
+    measured table, the first that fits the cache span; else the platform default (EngineConfig() here)."""
+    from kog.engine.engine_config import fits
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    monkeypatch.setattr(store, "_device_name", lambda device=None: "NVIDIA H200")
+    sheared, llama = preset("sheared-llama-2.7b"), preset("llama-3.2-1b")
+    builtin = store.builtin_config("NVIDIA H200", sheared)
+    assert store.tuned_config(sheared) == builtin
+    assert store.tuned_config(llama) == EngineConfig()           # the interpreter's platform default
+    mine = EngineConfig(weight_ring=2, attn_block=64)            # its shared memory fits up to 8,192 positions
+    assert fits(mine, sheared, 8192) and not fits(mine, sheared, 16384) and fits(builtin, sheared, 16384)
+    assert store.save_best("NVIDIA H200", sheared, mine, 1.0, {"backend": "gpu"})
+    assert store.tuned_config(sheared) == mine and store.tuned_config(sheared, span=8192) == mine
+    assert store.tuned_config(sheared, span=16384) == builtin
+    assert store.tuned_config(llama, span=16384) == EngineConfig()

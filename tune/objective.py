@@ -111,7 +111,7 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
         st = CACHE[key] = {"model": model, "weights": weights, "prompt": prompt, "forced": forced, "ref": None}
     if gate and st["ref"] is None:
         from kog.engine.reference import Reference
-        # the oracle: the reference computed in float32 over the same weights (kog.engine.bench's max_rel_err)
+        # the oracle: the reference computed in float32 over the same weights (kog.tune.bench's max_rel_err)
         st["ref"] = Reference(st["model"], st["weights"], compute_dtype=torch.float32).teacher_forced_logits(
             st["prompt"], st["forced"]).float()
     return st
