@@ -677,6 +677,7 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     takes over, and compiled ahead in parallel."""
     import optuna
     from kog.tune.space import Infeasible, check, check_tp, residency_fn, tp_from_params
+    from kog.tune.store import RETIRED_FIELDS
     space = s.space()
     maxc = residency_fn(s.backend)
     out: list[dict[str, Any]] = []
@@ -684,7 +685,7 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     d = engine_default(s.backend, s.device_name, s.device, s.model)
     try:
         check(d, s.model, s.sms, maxc)
-        p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin",)}
+        p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin", *RETIRED_FIELDS)}
         if p["mode"] == "grid":
             p.pop("sync_rows")
         if len(space.tp_degrees) > 1:
@@ -852,7 +853,6 @@ def summarize(study) -> dict[str, Any]:
 
 
 def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
-    from kog.engine.engine_config import EngineConfig
     from kog.runstore import RunStore
     from kog.tune import store
     summ = summarize(study)
@@ -862,7 +862,7 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
     # the engine default is a single-GPU config: with a TP best, the best degree-1 trial is stored
     sb = summ["best_single_gpu"] if "best_tp" in summ else summ["best"]
     if sb is not None and sb.get("config"):
-        cfg = EngineConfig.from_dict(sb["config"])
+        cfg = store.engine_config(sb["config"])        # a study an older kog started: retired fields
         source = {"backend": s.backend, "study": s.study_name, "storage": redact(s.storage_url),
                   "trial": sb["number"]}
         if "best_tp" in summ:

@@ -60,6 +60,7 @@ import numpy as np
 from kog.engine.config import DTYPE_BYTES, ModelConfig
 from kog.engine.engine_config import EngineConfig
 from kog.tune.scan_model import ScanModel, load_scan, scan_from_dir, synthetic_h200
+from kog.tune.store import RETIRED_FIELDS
 
 ANCHOR_FILE = "stream_ceiling_h200_2026-11-29.json"
 REGS_PER_SM, MAX_THREADS_PER_SM, MAX_CTAS_PER_SM_HW = 65536, 2048, 32
@@ -387,15 +388,15 @@ def load_engine_measurements():
 class EngineParams:
     """Free parameters of the engine model (fitted by fit_engine_params() to the measured rows)."""
     lat_us: float = 2.0          # dependent weight-chunk load latency under load (one HBM round trip per chunk)
-    lat_pf_us: float = 1.0       # the same when the task's tile was L2-prefetched by the task before (prefetch >= 1)
+    lat_pf_us: float = 1.0       # the same when the task's tile was L2-prefetched by the task before (l2_prefetch)
     warp_gbps: float = 8.0       # how fast one warp issues/drains a chunk (GB/s): cta rate = warps * this ...
     sm_gbps: float = 60.0        # ... capped at this SM's drain rate shared by its co-resident CTAs (GB/s)
     bw_frac: float = 0.85        # share of the scan's streaming bandwidth the engine can reach
     task_us: float = 0.7         # per task: decode, offsets, output store, counter release (measured ~0.7)
     spill_us: float = 0.5        # per weight chunk at 100 spilled registers (local-memory round trips) ...
     spill_pow: float = 1.5       # ... growing as (spills / 100) ** spill_pow: past ~150 the weight tile itself spills
-    pf_us: float = 0.3           # per task with prefetch on: the prefetch's fixed issue cost (task-row reads, branch)
-    pf_kb_us: float = 0.02       # per task with prefetch on and per KiB of its tile: one prefetch per 128-byte line
+    pf_us: float = 0.3           # per task with l2_prefetch: the prefetch's fixed issue cost (task-row reads, branch)
+    pf_kb_us: float = 0.02       # per task with l2_prefetch and per KiB of its tile: one prefetch per 128-byte line
     chain_us: float = 9.0        # per layer: qkv -> attention -> (merge) -> o release/acquire chain, fixed part
     refill_us: float = 2.0       # per grid barrier: pipeline drain + refill beyond the scan's barrier latency
     poll_us: float = 0.05        # per counter a task checks (targeted mode)
@@ -475,16 +476,16 @@ def _softmax(a: float, b: float, q: float = SOFTMAX_Q) -> float:
 
 def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None,
                    params: EngineParams | None = None, *, context: int = 320, attn_split: bool = True,
-                   spills: float | None = None) -> Prediction:
+                   spills: float | None = None, l2_prefetch: int = 0) -> Prediction:
     """Predicted tok/s and CTA-averaged breakdown of the real monokernel (engine/kernel.py) for one token.
 
     Structure (what a CTA does, from engine/plan.py): per layer qkv -> attention -> o -> gate_up -> down, then
     the LM head; tasks dealt to G = sms * ctas_per_sm persistent CTAs.
       streaming: per phase, soft-max of the latency-bound time (each task: chunks x (load latency + spill
                  cost) + bytes / CTA rate, spread over G CTAs) and the bandwidth-bound time (bytes /
-                 (bw_frac * scan bandwidth)). With prefetch on, a task's tile was pulled into L2 by the task
+                 (bw_frac * scan bandwidth)). With l2_prefetch, a task's tile was pulled into L2 by the task
                  before it: its chunks see lat_pf_us instead of lat_us.
-      other:     per task task_us (+ the prefetch's issue cost: pf_us + pf_kb_us per KiB of the tile),
+      other:     per task task_us (+ with l2_prefetch the prefetch's issue cost: pf_us + pf_kb_us per KiB),
                  per token token_us; in targeted mode the wait check of every chunk (wait_chunk_us).
       waiting (targeted) per phase boundary: the scan's flag latency, the producer's tail (the last round
                  of its tasks: ceil(n/G) - n/G of a task time; an RMSNorm consumer or a counter covering all
@@ -494,7 +495,8 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
     Mapping is not modelled (round-robin vs topology: within 1.5 % on average in the measured sweep).
     `spills`: the compiler's count if known, else estimate_spills(). `attn_split`: the current engine (one
     task per KV head and cache block, the last arriver merges); False = the older per-KV-head task looping
-    over the cache."""
+    over the cache. `l2_prefetch`: the L2 prefetch distance of an older engine that had one (the calibration
+    rows measured on it); the current engine has none, so predict() leaves it 0."""
     scan = scan or load_scan()
     p = params or ENGINE_FITTED
     es = DTYPE_BYTES.get(model.dtype, 2)
@@ -508,7 +510,7 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
     G = scan.sms * cfg.ctas_per_sm
     cta_rate = min(p.warp_gbps * cfg.num_warps, p.sm_gbps / cfg.ctas_per_sm) * 1e3   # bytes/us one CTA drains
     bw = p.bw_frac * scan.bandwidth_gbps(scan.sms) * 1e3   # bytes/us the chip streams
-    lat = p.lat_pf_us if cfg.prefetch > 0 else p.lat_us     # a prefetched tile is in L2 when its task runs
+    lat = p.lat_pf_us if l2_prefetch > 0 else p.lat_us      # a prefetched tile is in L2 when its task runs
     per_chunk = lat + p.spill_us * (spills / 100.0) ** p.spill_pow
     counter_rows = cfg.sync_rows or cfg.block_k
     targeted = cfg.mode != "grid"
@@ -522,7 +524,7 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
         task_bytes = rows * K * es
         lat_bound = n / G * (chunks * per_chunk + task_bytes / cta_rate)
         bw_bound = n * task_bytes / bw
-        per_task = p.task_us + (p.pf_us + p.pf_kb_us * task_bytes / 1024 if cfg.prefetch > 0 else 0.0) \
+        per_task = p.task_us + (p.pf_us + p.pf_kb_us * task_bytes / 1024 if l2_prefetch > 0 else 0.0) \
             + (p.wait_chunk_us * chunks if targeted else 0.0)
         stream += reps * _softmax(lat_bound, bw_bound)
         other += reps * n / G * per_task
@@ -597,6 +599,7 @@ class _Row:
     spills: float
     tok_s: float
     bd: tuple[float, ...]               # measured streaming, waiting, barrier, other (s/token, untraced scale)
+    l2_prefetch: int = 0                # the L2 prefetch distance of the engine version the row measured
 
 
 def _engine_rows(df=None) -> list[_Row]:
@@ -604,12 +607,12 @@ def _engine_rows(df=None) -> list[_Row]:
     df = load_engine_measurements() if df is None else df
     out = []
     for r in df.to_dict("records"):
-        cfg = EngineConfig(**{k: r[k] for k in _CFG_FIELDS})
+        cfg = EngineConfig(**{k: r[k] for k in _CFG_FIELDS if k not in RETIRED_FIELDS})
         traced = r["bd_traced_s"]
         scale = (1.0 / r["tok_s"]) / traced if np.isfinite(traced) and traced > 0 else 1.0
         bd = tuple(float(r[f"bd_{k}"]) * scale for k in _BD_PARTS)
         out.append(_Row(preset(r["model"]), cfg, 64 + r["new_tokens"] // 2, bool(r["attn_split"]),
-                        float(r["spills"]), float(r["tok_s"]), bd))
+                        float(r["spills"]), float(r["tok_s"]), bd, int(r["prefetch"])))
     return out
 
 
@@ -638,12 +641,13 @@ def _sweep_rows(df=None) -> list[_Row]:
         return []
     nan = float("nan")
     return [_Row(preset(r.get("model", "llama-3.2-1b")), to_engine_config({k: r[k] for k in PARAM_COLUMNS}),
-                 SWEEP_CONTEXT, True, nan, float(r["tok_per_s"]), (nan,) * 4) for r in df.to_dict("records")]
+                 SWEEP_CONTEXT, True, nan, float(r["tok_per_s"]), (nan,) * 4, int(r.get("prefetch", 0)))
+            for r in df.to_dict("records")]
 
 
 def _row_predict(r: _Row, scan: ScanModel, p: EngineParams, measured_spills: bool = True) -> Prediction:
     return predict_engine(r.model, r.cfg, scan, p, context=r.context, attn_split=r.attn_split,
-                          spills=r.spills if measured_spills else None)
+                          spills=r.spills if measured_spills else None, l2_prefetch=r.l2_prefetch)
 
 
 def _engine_loss(rows: list[_Row], scan: ScanModel, p: EngineParams, measured_spills: bool = True) -> float:
@@ -840,7 +844,7 @@ def trial_error(rows: Iterable[dict[str, Any]], model: ModelConfig, scan: ScanMo
 
     Returns median / max abs % error over the rows with a measured tok/s and a feasible prediction."""
     scan = scan or load_scan()
-    fields = set(EngineConfig.__dataclass_fields__)
+    fields = set(EngineConfig.__dataclass_fields__) - set(RETIRED_FIELDS)
     errs = []
     for r in rows:
         meas = r.get("tok_per_s")

@@ -21,6 +21,11 @@ from typing import Any
 from kog.engine.config import ModelConfig
 from kog.engine.engine_config import EngineConfig
 
+# EngineConfig fields of engine paths that were removed because they measured slower than the paths kept
+# (see the engine notes in docs/ for the measurements). A store written by an older kog, or a study it
+# started, may still hold them: reading drops them, so such a config runs as the same config without them.
+RETIRED_FIELDS = ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop")
+
 SHAPE_FIELDS = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "attention_bias", "qk_norm", "tie_word_embeddings")
 
@@ -85,6 +90,11 @@ def save_best(device_name: str, model: ModelConfig, cfg: EngineConfig, tok_per_s
     return True
 
 
+def engine_config(d: dict[str, Any]) -> EngineConfig:
+    """An EngineConfig from a stored dict, the RETIRED_FIELDS dropped (ConfigError for any other unknown field)."""
+    return EngineConfig.from_dict({k: v for k, v in d.items() if k not in RETIRED_FIELDS})
+
+
 def best_config(device_name: str, model_cfg: ModelConfig, include_simulated: bool = False) -> EngineConfig | None:
     """The stored config for this device and model shape, or None. Simulated results are not used by the
     engine unless asked (a prediction is not a measurement)."""
@@ -94,7 +104,7 @@ def best_config(device_name: str, model_cfg: ModelConfig, include_simulated: boo
     if e.get("source", {}).get("backend") == "sim" and not include_simulated:
         return None
     try:
-        return EngineConfig.from_dict(e["config"])
+        return engine_config(e["config"])
     except Exception:
         return None
 
@@ -111,7 +121,7 @@ def builtin_config(device_name: str, model_cfg: ModelConfig) -> EngineConfig | N
     for e in _load(BUILTIN)["entries"].values():
         if e.get("device") == device_name and e.get("shape") == sig and e.get("dtype") == model_cfg.dtype:
             try:
-                return EngineConfig.from_dict(e["config"])
+                return engine_config(e["config"])
             except Exception:
                 return None
     return None
