@@ -73,6 +73,12 @@ def cmd_device(args) -> int:
     return 0
 
 
+def _scan_report(run):
+    """A scan run's topology report (RUN/report.html): the CLI joins the probe and the reports."""
+    from kog.reports.topology import render_scan_report
+    return render_scan_report(run)
+
+
 def cmd_runs(args) -> int:
     from kog.runstore import RunStore
     runs = RunStore(args.runs_dir).list(args.kind)
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         # line and exit 2, whatever the scan module needs at import time.
         from kog.probe.device import require_gpu
         args.device_info = require_gpu(args.device)
-        return import_command("kog.probe.scan", "cli_scan", "kogprobe scan")(args)
+        return import_command("kog.probe.scan", "cli_scan", "kogprobe scan")(args, render_report=_scan_report)
     if args.cmd == "report":
         return import_command("kog.reports.cli", "cli_probe_report", "kogprobe report")(args)
     if args.cmd == "device":

@@ -118,26 +118,22 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
 
 
 def sm_partition(payload: dict[str, Any]) -> dict[int, int] | None:
-    """SM id -> L2 partition from a kogprobe scan (the payload's 'scan' directory, else this GPU's latest
-    scan or the bundled one when its device name matches): what mapping='topology' is built from. None
-    without one (the engine then refuses topology with its own one-line ConfigError)."""
+    """SM id -> L2 partition from a kogprobe scan (kog.probe.scan.find_scan: the payload's 'scan' directory,
+    else this GPU's): what mapping='topology' is built from. A scan of another unit of the same GPU model
+    may map a few SMs differently (floorsweeping), which costs locality, never correctness. None without a
+    scan (the engine then refuses topology with its own one-line ConfigError)."""
     from kog.tune.worker import CACHE
     key = ("sm_partition", payload.get("scan"))
     if key not in CACHE:
         CACHE[key] = None
         try:
             import torch
-            from kog.tune.scan_model import find_scan_dir
-            from pathlib import Path
-            gpu = torch.cuda.is_available()
-            name = torch.cuda.get_device_name() if gpu else None
-            sms = torch.cuda.get_device_properties(0).multi_processor_count if gpu else None
-            d = Path(payload["scan"]) if payload.get("scan") else (find_scan_dir(name) if name else None)
-            summ = json.loads((d / "summary.json").read_text()) if d is not None else {}
-            parts = summ.get("l2_partitions")
-            # another unit of the same GPU model: same SM count; its SM -> partition map may differ a
-            # little (floorsweeping), which costs locality, never correctness
-            if parts and (payload.get("scan") or summ.get("device") == name or summ.get("sms") == sms):
+            from kog.probe.scan import find_scan
+            name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+            # without a GPU and without a given scan there is no device to find a scan of
+            d = find_scan(payload.get("scan"), name) if payload.get("scan") or name else None
+            parts = json.loads((d / "summary.json").read_text()).get("l2_partitions") if d else None
+            if parts:
                 CACHE[key] = {int(sm): i for i, lst in enumerate(parts) for sm in lst}
         except Exception:
             pass

@@ -2,9 +2,9 @@
 
 A scan directory (kog.probe.scan: Parquet tables bandwidth [sms, kind, GBps], barrier [ctas, warps, us],
 flag [kind, us], launch [mode, us], latency [bytes, ns, cycles, level] and summary.json) becomes one
-`ScanModel` with interpolating accessors. `load_scan()` finds this device's latest scan (runs/ first, then
-the scan bundled with kog); `synthetic_h200()` is a stand-in built from the H200 anchor measurements
-(/work/shared/anchors, 2026-11-29) for tests and for machines with no scan: its `source` says so.
+`ScanModel` with interpolating accessors. `load_scan()` reads the scan kog.probe.scan.find_scan finds (this
+device's latest, else the bundled one); `synthetic_h200()` is a stand-in built from measurements of the H200
+for tests and for machines with no scan: its `source` says so.
 """
 from __future__ import annotations
 
@@ -198,30 +198,13 @@ def write_scan_dir(model: ScanModel, path: str | Path) -> Path:
     return p
 
 
-def find_scan_dir(device_name: str | None = None) -> Path | None:
-    """This device's latest complete scan run under runs/ (KOG_RUNS_DIR), else the bundled scan."""
-    try:
-        from kog.runstore import RunStore
-        run = RunStore().latest("scan", device_name=device_name)
-        if run is not None:
-            return run.path
-    except Exception:
-        pass
-    try:
-        from kog.probe.scan import bundled_scan_path  # the probe helper's module (may not exist yet)
-        p = Path(bundled_scan_path())
-        if p.is_dir():
-            return p
-    except Exception:
-        pass
-    return None
-
-
 def load_scan(path: str | Path | None = None, device_name: str | None = None) -> ScanModel:
-    """The scan at `path`, else this device's latest / the bundled one, else the synthetic H200 model."""
+    """The scan kog.probe.scan.find_scan(path, device_name) finds, else the synthetic H200 model. A scan
+    given by `path` must read; a found one that does not is passed over for the synthetic model."""
+    from kog.probe.scan import find_scan
     if path is not None:
-        return scan_from_dir(path)
-    found = find_scan_dir(device_name)
+        return scan_from_dir(find_scan(path))
+    found = find_scan(None, device_name)
     if found is not None:
         try:
             return scan_from_dir(found)

@@ -180,24 +180,24 @@ def _slug(s: str) -> str:
 
 
 def prepare(args) -> Setup:
-    from kog.tune.scan_model import find_scan_dir, load_scan
+    from kog.probe.scan import find_scan
+    from kog.tune.scan_model import load_scan
     from kog.tune.space import resolve_model_config
     model = resolve_model_config(args.model)
     backend = args.backend
     if backend == "gpu":
         from kog.probe.device import require_gpu
         dev = require_gpu()
-        scan_dir = find_scan_dir(dev.name)
+        scan_dir = find_scan(getattr(args, "scan", None), dev.name)
         name, sms = dev.name, dev.sms
-        scan_path = str(scan_dir) if scan_dir else None
         has_scan = scan_dir is not None
     else:
         dev = None
-        scan_dir = Path(args.scan) if getattr(args, "scan", None) else find_scan_dir()
-        scan = load_scan(scan_dir) if scan_dir else load_scan()
+        scan_dir = find_scan(getattr(args, "scan", None))
+        scan = load_scan(scan_dir)
         name, sms = scan.device_name, scan.sms
-        scan_path = str(scan_dir) if scan_dir else None
         has_scan = True   # the simulator's scan (or its synthetic stand-in) drives the topology mapping
+    scan_path = str(scan_dir) if scan_dir else None
     tp, xr, gpus = _tp_args(args, backend)
     # a TP study has other parameters (and choice lists) than a single-GPU one: its own default name
     suffix = "" if len(tp) == 1 else "-tp" + "-".join(map(str, tp)) + (
