@@ -5,47 +5,20 @@ Deterministic: the same (ModelConfig, EngineConfig, scan) gives the same predict
 
 Two models live here:
 
-1. The ANCHOR model (phase_cost, predict_stream, SimParams/FITTED): a plain persistent GEMV stream with
-   an optional grid barrier per phase, fitted to /work/shared/anchors/stream_ceiling_h200_2026-11-29.json
-   (26 rows; `calibration_error()`: median 5.2 %, max 22 %). Kept as the stream-ceiling reference.
+1. The stream model (phase_cost, predict_stream, SimParams/FITTED): a plain persistent GEMV stream with an
+   optional grid barrier per phase, fitted to the stream-ceiling measurements of the H200
+   (tune/data/h200-stream-ceiling.json). Kept as the reference for what streaming alone reaches.
 
-2. The ENGINE model (predict_engine, EngineParams/ENGINE_FITTED; `predict()` uses it): the real monokernel
-   (engine/kernel.py, plan.py), fitted to every config measured on the lent H200: the 39 rows of
-   tune/data/h200-engine-measurements.parquet (several engine versions, extracted from bench/h200/*.json by
-   extract_engine_measurements()) + the 216 rows of the exhaustive sweep tune/data/nvidia-h200-llama-3.2-1b-
-   sweep.parquet (engine ea912ba; spills unknown -> estimate_spills(); context 16 + 64; split attention).
-   What it models:
-     * register-limited co-residency: the engine caps registers at 64K / (ctas_per_sm * threads) (255 max);
-       the demand (estimate_spills: base + largest weight chunk per thread, more in targeted mode) beyond the
-       cap spills (quadratic in the shortfall, fitted to ptxas for the sweep's 108 kernels), and spills cost
-       time per weight chunk, growing as (spills/100)^spill_pow (the tile itself spills past ~150);
-     * per-task overhead (task_us), the L2 prefetch (issue cost per task and per KiB; the prefetched tile's
-       chunks see lat_pf_us instead of lat_us), targeted mode's wait check per chunk;
-     * streaming per phase: latency-bound (chunks x loaded latency, CTA drain rate capped by an SM's rate
-       shared by its CTAs) blended with the scan's bandwidth (bw_frac of it); gate_up: half-K chunks;
-     * targeted mode: per phase boundary the flag latency, the producer's last-round tail, counter polls;
-       grid mode: per boundary the scan's barrier + refill + the same tail;
-     * the attention chain per layer (qkv -> attention -> merge -> o), split or per-KV-head attention.
-   FITTED (Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of tok/s + 0.3 x the breakdown
-   parts where the row has a trustworthy breakdown): the 16 EngineParams fields.
-   ASSUMED (not fitted): MIN_REGS, SOFTMAX_Q, MAX_SEQ, BD_WEIGHT; the spill estimate's constants were fitted
-   by hand to ptxas (engine/regreport.py); mapping (round-robin / topology / contiguous) is NOT modelled
-   (topology measured 1.5 % slower on average in the sweep, within noise of most pairs).
-   Error (`python -m kog.tune.simulator --calibration [--cv 5] [--loo]`; sweep_calibration_error(),
-   engine_calibration_error()), measured 2026-11-29 with ENGINE_FITTED, bundled H200 scan:
-     measured sweep, 216 rows, before this fit (old model fitted to the 39 rows only): median 17.9 %,
-       p90 39 %, max 235 %;
-     measured sweep, in-sample (fitted on all 255 rows): median 5.7 %, p90 18.6 %, max 56 % (worst: targeted
-       4 CTAs/SM spilling configs), Spearman 0.89, predicted best (grid, 2 CTAs/SM, block_k 4096, bn 8) measures
-       862.6 tok/s = within 2 % of the measured best 871.9;
-     measured sweep, 5-fold cross-validated (fit on 4/5 of the sweep + the 39 rows, predict the held-out
-       fifth; folds by a seed-0 permutation, each refit CV_ITERS steps started from ENGINE_FITTED, so the
-       start point has seen every row): median 5.9 %, p90 17.3 %, max 58 %, Spearman 0.88, predicted best
-       the same config (within 2 %);
-     the 39 engine rows, in-sample: median 3.8 %, max 66 % (the old bn_lm=16 row with 434 spills).
-   Only two models (llama-3.2-1b, sheared-llama-2.7b: 4 rows) and one GPU: other shapes and GPUs are
-   extrapolation.
-Against real trials of a study: `trial_error(rows)`.
+2. The engine model (predict_engine, EngineParams/ENGINE_FITTED; `predict()` uses it): the real monokernel,
+   fitted to the configs measured on the H200 (ENGINE_TABLE, extracted from the committed bench JSON, and the
+   measured sweep SWEEP_TABLE). It models register-limited co-residency and the spills past the register
+   cap, per-task overhead, streaming per phase (latency-bound blended with the scan's bandwidth), the waits
+   of targeted mode or the barriers of grid mode at each phase boundary, and the attention chain per layer;
+   not the task-to-SM mapping (it moved the measured sweep within noise).
+
+docs/simulator.md has how each model was fitted and the errors measured (`python -m kog.tune.simulator
+--calibration` re-measures them); tests/test_tune_sim.py bounds them. Only two models and one GPU were
+measured: other shapes and GPUs are extrapolation. Against real trials of a study: `trial_error(rows)`.
 """
 from __future__ import annotations
 
@@ -62,7 +35,7 @@ from kog.engine.engine_config import EngineConfig
 from kog.tune.scan_model import ScanModel, load_scan, scan_from_dir, synthetic_h200
 from kog.tune.store import RETIRED_FIELDS
 
-ANCHOR_FILE = "stream_ceiling_h200_2026-11-29.json"
+STREAM_TABLE = Path(__file__).resolve().parent / "data" / "h200-stream-ceiling.json"
 REGS_PER_SM, MAX_THREADS_PER_SM, MAX_CTAS_PER_SM_HW = 65536, 2048, 32
 
 
@@ -77,10 +50,9 @@ class SimParams:
     task_us: float = 0.05        # per task: table read, offsets, store, counter release
 
 
-# Fitted by fit_params() against the anchors (see calibration_error()); refit with
-# `python -m kog.tune.simulator --fit` when the anchors change.
+# Fitted by fit_params() against the stream-ceiling rows (calibration_error() measures it); refit with
+# `python -m kog.tune.simulator --fit` when they change.
 FITTED = SimParams(lat_us=0.9640, cta_gbps=36.79, elem_ns=0.08021, seg=0.09947, refill_us=3.119)
-# calibration_error(FITTED) on the 26 anchor rows: median 5.2 %, max 22 % (fitted 2026-11-29 anchors)
 
 
 @dataclass
@@ -143,23 +115,10 @@ def phase_cost(N: int, K: int, bn: int, bk: int, warps: int, ctas_per_sm: int, p
     return PhaseCost(total, synced, overlapped, busiest, ntiles, rounds)
 
 
-# ---- calibration against the anchors ------------------------------------------------------------
-def anchor_path() -> Path | None:
-    import os
-    for d in (os.environ.get("KOG_ANCHORS_DIR"), "/work/shared/anchors",
-              str(Path(__file__).resolve().parents[2] / "shared" / "anchors")):
-        if d and (Path(d) / ANCHOR_FILE).exists():
-            return Path(d) / ANCHOR_FILE
-    data = Path(__file__).resolve().parent / "data" / ANCHOR_FILE
-    return data if data.exists() else None
-
-
-def load_anchor_rows() -> list[dict[str, Any]]:
-    """The anchor rows with a tok/s (failed launches dropped)."""
-    p = anchor_path()
-    if p is None:
-        raise FileNotFoundError(f"anchor file {ANCHOR_FILE} not found (set KOG_ANCHORS_DIR)")
-    d = json.loads(p.read_text())
+# ---- calibration against the stream-ceiling rows ---------------------------------------------------
+def load_stream_rows() -> list[dict[str, Any]]:
+    """The stream-ceiling rows (STREAM_TABLE) with a tok/s (failed launches dropped)."""
+    d = json.loads(STREAM_TABLE.read_text())
     return [r for r in d["rows"] if "tok_s" in r]
 
 
@@ -173,7 +132,7 @@ def _llama1b_phases() -> list[tuple[int, int]]:
 
 def predict_stream(bn: int, bk: int, warps: int, G: int, sync: int, scan: ScanModel | None = None,
                    params: SimParams | None = None) -> float:
-    """tok/s of the anchor kernel (stream all Llama-3.2-1B matrices; sync 1 = grid barrier per phase)."""
+    """tok/s of the stream kernel (stream all Llama-3.2-1B matrices; sync 1 = grid barrier per phase)."""
     scan = scan or synthetic_h200()
     p = params or FITTED
     c = max(1, G // scan.sms)
@@ -192,19 +151,20 @@ def _errors(rows: list[dict[str, Any]], scan: ScanModel, p: SimParams) -> np.nda
 
 
 def calibration_error(params: SimParams | None = None, scan: ScanModel | None = None) -> dict[str, Any]:
-    """Median / max abs % error of the simulator against the anchor rows."""
-    rows = load_anchor_rows()
+    """Median / max abs % error of the stream model against the stream-ceiling rows."""
+    rows = load_stream_rows()
     e = np.abs(_errors(rows, scan or synthetic_h200(), params or FITTED)) * 100
     return {"median_abs_pct": float(np.median(e)), "max_abs_pct": float(e.max()), "rows": len(rows),
-            "anchors": str(anchor_path())}
+            "table": STREAM_TABLE.name}
 
 
 _FREE = ("lat_us", "cta_gbps", "elem_ns", "seg", "refill_us")
 
 
 def fit_params(scan: ScanModel | None = None, iters: int = 1500) -> SimParams:
-    """Fit the free parameters to the anchors: Nelder-Mead on log-parameters, loss = mean |log ratio|."""
-    rows = load_anchor_rows()
+    """Fit the free parameters to the stream-ceiling rows: Nelder-Mead on log-parameters, loss = mean
+    |log ratio|."""
+    rows = load_stream_rows()
     scan = scan or synthetic_h200()
     base = SimParams()
 
@@ -404,21 +364,18 @@ class EngineParams:
     token_us: float = 20.0       # per token: argmax hand-off, embedding row, token flag
 
 
-# Fitted by fit_engine_params() to the 39 rows of tune/data/h200-engine-measurements.parquet plus the 216 rows
-# of the measured sweep (SWEEP_TABLE); refit with `python -m kog.tune.simulator --fit-engine`.
+# Fitted by fit_engine_params() to the engine rows (ENGINE_TABLE) plus the measured sweep (SWEEP_TABLE); refit
+# with `python -m kog.tune.simulator --fit-engine`. Its errors: docs/simulator.md.
 ENGINE_FITTED = EngineParams(lat_us=0.7109, lat_pf_us=0.4662, warp_gbps=5.317, sm_gbps=35.36, bw_frac=1.0,
                              task_us=0.341, spill_us=1.205, spill_pow=2.131, pf_us=0.4808, pf_kb_us=0.009275,
                              chain_us=7.407, refill_us=0.1086, poll_us=0.3193, wait_chunk_us=0.07187, token_us=42.24)
-# Error (engine_calibration_error / sweep_calibration_error, bundled H200 scan): see the module docstring
-# (sweep in-sample median 5.7 % / 5-fold CV 5.9 %, Spearman 0.89 / 0.88).
 
 MIN_REGS = 96            # ASSUMED: below this register cap the kernel is taken as not runnable (never measured < 128)
 # Register demand of the compiled kernel = REG_BASE + the largest weight chunk held per thread (w), in targeted
 # mode + REG_TARGETED + TARGETED_TILE * w (the chunk's load is issued before the wait, so the tile is live across
 # the spin loop); ptxas spills SPILL_QUAD * shortfall^2 (few for a small shortfall: it first evicts cheap
-# long-lived values; many once the tile itself does not fit). FITTED BY HAND (grid search on log spills; mean abs
-# error 3.6 spills) to ptxas' numbers for the 108 distinct kernels of the measured sweep (engine/regreport.py
-# on engine/kernel.py at ea912ba: tune/data/sim-regreport-llama-3.2-1b-ea912ba.parquet, spills 0..450).
+# long-lived values; many once the tile itself does not fit). FITTED BY HAND to ptxas' numbers for the distinct
+# kernels of the measured sweep (tune/data/sim-regreport-llama-3.2-1b-ea912ba.parquet; docs/simulator.md).
 REG_BASE = 140
 REG_TARGETED = 20
 TARGETED_TILE = 0.5
@@ -617,8 +574,7 @@ def _engine_rows(df=None) -> list[_Row]:
 
 
 SWEEP_TABLE = Path(__file__).resolve().parent / "data" / "nvidia-h200-llama-3.2-1b-sweep.parquet"
-# The measured sweep (tune/sweep.py DEFAULT_SUBSPACE, 216 configs, engine commit ea912ba, llama-3.2-1b bf16):
-# 16-token prompt, 128 new tokens x 3 repeats (median): the cache holds 16 + 64 positions on average.
+# The measured sweep ran a 16-token prompt and 128 new tokens: the cache holds 16 + 64 positions on average.
 SWEEP_CONTEXT = 16 + 64
 
 
@@ -800,8 +756,8 @@ def predict(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None
     return predict_engine(model, cfg, scan, params, context=context, attn_split=True)
 
 
-# Tensor parallelism: defaults where the scan has no p2p tables (bench/h200x2/p2p_2026-11-29.json, 2 x H200
-# over NVLink: one-way flag 1.27 / 1.73 us, median 1.50; peer copy 657 / 662 GB/s).
+# Tensor parallelism: defaults where the scan has no p2p tables, measured on 2 x H200 over NVLink (one-way flag,
+# peer copy; docs/simulator.md).
 TP_FLAG_US = 1.5
 TP_PEER_GBPS = 660.0
 TP_EXCHANGES_PER_LAYER = 2   # after O (attention partial sums) and after down (MLP partial sums)
@@ -818,9 +774,8 @@ def predict_tp(model: ModelConfig, cfg: EngineConfig, G: int, exchange_rows: int
     G - 1 peers) over the peer bandwidth (scan p2p_gbps, else TP_PEER_GBPS); plus one flag per token for the
     ranks' pick exchange. The chunks before the last overlap with the producers' remaining tiles (that is
     what the chunking is for), so only the last chunk is counted.
-    UNCALIBRATED: no term here is fitted to TP measurements. The only TP numbers measured so far
-    (bench/h200x4/tp_check_2026-11-29.json, llama-3.2-1b, exchange_rows 256) are 1,173.4 tok/s at G=2 and
-    1,398.6 at G=4, against 890.9 single-GPU; the comparison is in tests/test_tune_tp.py."""
+    UNCALIBRATED: no term here is fitted to TP measurements (docs/simulator.md; tests/test_tune_tp.py
+    compares it with the few there are)."""
     from kog.engine.config import ConfigError
     from kog.engine.tp import shard_config
     scan = scan or load_scan()
@@ -875,11 +830,12 @@ def main(argv: list[str] | None = None) -> int:
     """python -m kog.tune.simulator [--calibration [--loo] [--cv K]] [--fit] [--fit-engine] [--extract]"""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m kog.tune.simulator")
-    ap.add_argument("--calibration", action="store_true", help="errors against the anchors and the engine rows")
+    ap.add_argument("--calibration", action="store_true",
+                    help="errors against the stream-ceiling rows, the engine rows and the measured sweep")
     ap.add_argument("--loo", action="store_true", help="with --calibration: leave-one-out error too (~1-2 min)")
     ap.add_argument("--cv", type=int, default=0, metavar="K",
                     help="with --calibration: K-fold cross-validated error on the measured sweep too (~1-2 min)")
-    ap.add_argument("--fit", action="store_true", help="refit the anchor (stream) parameters")
+    ap.add_argument("--fit", action="store_true", help="refit the stream model's parameters")
     ap.add_argument("--fit-engine", action="store_true", help="refit the engine parameters to the measured rows")
     ap.add_argument("--extract", action="store_true", help=f"rebuild {ENGINE_TABLE.name} from bench/h200")
     a = ap.parse_args(argv)
@@ -897,10 +853,7 @@ def main(argv: list[str] | None = None) -> int:
         print(engine_calibration_error(fp))
         print("sweep:", sweep_calibration_error(fp))
     if a.calibration or not (a.extract or a.fit or a.fit_engine):
-        try:
-            print("stream anchors:", calibration_error())
-        except FileNotFoundError as e:
-            print("stream anchors: not available:", e)
+        print("stream ceiling:", calibration_error())
         print("engine rows:", engine_calibration_error(loo=a.loo))
         sw = sweep_calibration_error(cv=a.cv)
         if sw is None:
