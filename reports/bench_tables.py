@@ -223,9 +223,8 @@ def attn_split_timing(tl: pd.DataFrame, attn: pd.DataFrame, system: str) -> pd.D
     relative to the end of its layer's last qkv task, median over the layers and KV heads, with the share of
     them that merged. `attn` is the split stamps table (kog.engine.trace.attn_stamps_table: task, step,
     split, wait_ns, merged; `bench/engine_check.py --save-timeline --attn-stamps` writes attn_t<i>.parquet).
-    The instrument of bench/h200/ENGINE_NOTES.md session 13: a split's wait ended ~0.7 us after the qkv
-    phase's end whenever it started, its q done 8 us before, because round trips issued during the weight
-    stream queue behind the rings' copies."""
+    It shows whether the splits wait on their layer's qkv phase (a wait that ends just after the phase,
+    whenever the split started) or on something else, such as round trips queued behind the weight stream."""
     tok = _traced_token(tl, system, {"step", "task", "layer", "phase", "start_ns", "end_ns"})
     need = {"step", "task", "split", "wait_ns", "merged"}
     if tok is None or attn is None or attn.empty or not need <= set(attn.columns):

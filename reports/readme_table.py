@@ -120,8 +120,8 @@ def targets(benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
                          f"({fmt_tps(tg)} vs {fmt_tps(gr)} tok/s).")
         pairs = {k: rel_errs(doc, s[k]) for k in KOG if isinstance(s.get(k), dict)}
         r32 = doc.get("reference_max_rel_err_vs_fp32")
-        # the yardstick: the float32 reference where the bench measured one (benches since 2026-12-01 gate on
-        # it), else the model-dtype reference (older benches, float32 models)
+        # the yardstick: the float32 reference where the bench measured one (a bench that names its oracle
+        # gates on it), else the model-dtype reference (older benches, float32 models)
         fp32_gate = "max_rel_err_oracle" in doc
         errs = {k: (e32 if fp32_gate else e16) for k, (e32, e16) in pairs.items()}
         errs = {k: v for k, v in errs.items() if isinstance(v, (int, float))}

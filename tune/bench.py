@@ -22,7 +22,7 @@ is the same measure against the Reference run in the model dtype (eager, as HF t
 top-level reference_max_rel_err_vs_fp32 is that model-dtype Reference's own distance from the oracle: on the
 bf16 presets it is above 2e-2, so a model-dtype reference cannot serve as a 2e-2 yardstick (two correct bf16
 implementations differ by about that much). With float32 weights the Reference itself is the oracle.
-The document's layout, and the older one a report still reads, is kog.reports.bench_tables.rel_errs's.
+kog.reports.bench_tables.rel_errs reads these errors from a bench document of this layout or the older one.
 """
 from __future__ import annotations
 

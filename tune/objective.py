@@ -152,7 +152,7 @@ def _build(payload: dict[str, Any], st: dict[str, Any], compile_only: bool = Fal
                           max_seq=int(_opt(payload, "max_seq")), exchange_rows=x)
         mk.n_eos = 0        # its setter sets every rank's n_eos (a rank's EOS ends the token stream)
         return mk
-    from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
+    from kog.engine.monokernel import Monokernel   # lazy: heavy, and only the GPU backend builds it
     part = sm_partition(payload) if cfg.mapping == "topology" else None
     mk = Monokernel(st["model"], st["weights"], cfg, payload.get("device", "cuda"),
                     max_seq=int(_opt(payload, "max_seq")), sm_partition=part, compile_only=compile_only)

@@ -71,7 +71,7 @@ class ScanModel:
 
 
 def synthetic_h200() -> ScanModel:
-    """H200 numbers measured on the lent H200 (copy 4.21 TB/s, barrier 0.92 us at 132 CTAs, flag 0.71 us); the
+    """Numbers measured on the lent H200 (copy 4.21 TB/s, barrier 0.92 us at 132 CTAs, flag 0.71 us); the
     bandwidth-vs-SMs curve is a saturating shape (saturates near 80 SMs), not a measurement."""
     sms = np.array([1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 132])
     peak = 4210.0

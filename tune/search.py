@@ -341,10 +341,9 @@ def is_refused(t) -> bool:
 
 
 def finished_count(study, total: int | None = None) -> int:
-    """Finished trials that count toward a search of `total` trials: refused configs (is_refused; a third of
-    the 60 trials of the H200 search at f050f11, where the ring's slots are in the space) do not, up to
-    REFUSED_FREE x total of them, so a space of nothing but refusals still ends. Without total: every
-    finished trial."""
+    """Finished trials that count toward a search of `total` trials: refused configs (is_refused; many where
+    the space offers ring slots the shared memory cannot hold) do not, up to REFUSED_FREE x total of them,
+    so a space of nothing but refusals still ends. Without total: every finished trial."""
     ts = study.get_trials(deepcopy=False, states=_counted_states())
     if not total:
         return len(ts)
@@ -890,16 +889,11 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
             run.note_error("trials", f"{type(e).__name__}: {e}")
         run.write_json("summary", summ)
         summ["run"] = str(run.path)
+        from kog.reports.tuning import render_study_report
         try:
-            from kog.reports.tuning import render_study_report  # the reports helper's (may not exist yet)
-        except Exception:
-            render_study_report = None
-        if render_study_report is not None:
-            try:
-                report_path = render_study_report(run.path) if len(
-                    inspect.signature(render_study_report).parameters) == 1 else render_study_report(study, run.path)
-            except Exception as e:
-                run.note_error("report", f"{type(e).__name__}: {e}")
+            report_path = render_study_report(study, run.path)          # RUN/report.html
+        except Exception as e:      # the study is recorded either way
+            run.note_error("report", f"{type(e).__name__}: {e}")
     if args.json:
         print(json.dumps({**summ, "report": str(report_path) if report_path else None}, default=str))
     else:

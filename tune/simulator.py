@@ -212,7 +212,7 @@ ENGINE_TABLE = Path(__file__).resolve().parent / "data" / "h200-engine-measureme
 
 # Each measurement file: which engine code ran, which EngineConfig defaults the sweep keys are relative to,
 # and whether the breakdown's "other" is trustworthy. Reconstructed from git history (engine_config.py) and
-# bench/h200/ENGINE_NOTES.md; the commit is the checkout the device ran (its tree, not a clean HEAD).
+# the engine notes; the commit is the checkout the device ran (its tree, not a clean HEAD).
 _OLD_DEFAULTS = dict(mode="targeted", ctas_per_sm=4, num_warps=4, block_k=2048, bn_qkv=4, bn_o=4, bn_gate_up=4,
                      bn_down=4, bn_lm=8, sync_rows=0, prefetch=2, mapping="round-robin", attn_block=64)
 _SPLIT_DEFAULTS = dict(_OLD_DEFAULTS, ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_down=8, bn_lm=8, sync_rows=8192,
@@ -629,8 +629,8 @@ def _mk_engine(x: np.ndarray, base: EngineParams) -> EngineParams:
 def fit_engine_params(rows: list[_Row] | None = None, scan: ScanModel | None = None, iters: int = 3000,
                       start: EngineParams | None = None, measured_spills: bool = True) -> EngineParams:
     """Fit EngineParams to measured rows: Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of
-    tok/s + BD_WEIGHT * mean |log ratio| of the breakdown parts the row has. Default rows: the 39 engine
-    rows + the measured sweep (its spills estimated)."""
+    tok/s + BD_WEIGHT * mean |log ratio| of the breakdown parts the row has. Default rows: the engine rows
+    + the measured sweep (its spills estimated)."""
     rows = _engine_rows() + _sweep_rows() if rows is None else rows
     scan = scan or calibration_scan()
     base = start or EngineParams()
