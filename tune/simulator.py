@@ -288,12 +288,13 @@ def _read_source(root: Path, rel: str, rev: str | None) -> dict[str, Any] | None
     return json.loads(txt)
 
 
-def extract_engine_measurements(root: str | Path | None = None):
-    """Every measured engine config of bench/h200 as one tidy DataFrame (full EngineConfig per row).
+def extract_engine_measurements(root: str | Path):
+    """Every measured engine config of the bench JSON under `root` (a kog checkout: _SOURCES names the files
+    and the git revisions to read them at) as one tidy DataFrame (full EngineConfig per row).
 
     tok_s is max(runs): the first run of a pair was a cold launch (compile + first touch) in the sweeps."""
     import pandas as pd
-    root = Path(root) if root else Path(__file__).resolve().parents[1]
+    root = Path(root)
     rows: list[dict[str, Any]] = []
     for rel, rev, commit, note, defaults, split, new_tokens, other_ok in _SOURCES:
         d = _read_source(root, rel, rev)
@@ -827,7 +828,7 @@ def _fmt_params(p) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m kog.tune.simulator [--calibration [--loo] [--cv K]] [--fit] [--fit-engine] [--extract]"""
+    """python -m kog.tune.simulator [--calibration [--loo] [--cv K]] [--fit] [--fit-engine] [--extract [CHECKOUT]]"""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m kog.tune.simulator")
     ap.add_argument("--calibration", action="store_true",
@@ -837,10 +838,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --calibration: K-fold cross-validated error on the measured sweep too (~1-2 min)")
     ap.add_argument("--fit", action="store_true", help="refit the stream model's parameters")
     ap.add_argument("--fit-engine", action="store_true", help="refit the engine parameters to the measured rows")
-    ap.add_argument("--extract", action="store_true", help=f"rebuild {ENGINE_TABLE.name} from bench/h200")
+    ap.add_argument("--extract", nargs="?", const=".", default=None, metavar="CHECKOUT",
+                    help=f"rebuild {ENGINE_TABLE.name} from the bench JSON of a kog checkout (default: .)")
     a = ap.parse_args(argv)
     if a.extract:
-        df = extract_engine_measurements()
+        df = extract_engine_measurements(a.extract)
         df.to_parquet(ENGINE_TABLE, index=False)
         print(f"{len(df)} rows -> {ENGINE_TABLE}")
     if a.fit:
