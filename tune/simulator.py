@@ -212,7 +212,7 @@ ENGINE_TABLE = Path(__file__).resolve().parent / "data" / "h200-engine-measureme
 
 # Each measurement file: which engine code ran, which EngineConfig defaults the sweep keys are relative to,
 # and whether the breakdown's "other" is trustworthy. Reconstructed from git history (engine_config.py) and
-# the engine notes; the commit is the checkout the device ran (its tree, not a clean HEAD).
+# docs/engine-notes.md; the commit is the checkout the device ran (its tree, not a clean HEAD).
 _OLD_DEFAULTS = dict(mode="targeted", ctas_per_sm=4, num_warps=4, block_k=2048, bn_qkv=4, bn_o=4, bn_gate_up=4,
                      bn_down=4, bn_lm=8, sync_rows=0, prefetch=2, mapping="round-robin", attn_block=64)
 _SPLIT_DEFAULTS = dict(_OLD_DEFAULTS, ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_down=8, bn_lm=8, sync_rows=8192,

@@ -22,7 +22,7 @@ from kog.engine.config import ModelConfig
 from kog.engine.engine_config import EngineConfig
 
 # EngineConfig fields of engine paths that were removed because they measured slower than the paths kept
-# (see the engine notes in docs/ for the measurements). A store written by an older kog, or a study it
+# (docs/engine-notes.md has the measurements). A store written by an older kog, or a study it
 # started, may still hold them: reading drops them, so such a config runs as the same config without them.
 RETIRED_FIELDS = ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop")
 
