@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from kog.probe import __version__
-from kog.probe.errors import cli_entry, import_command
+from kog import __version__
+from kog.errors import cli_entry, import_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,8 +73,14 @@ def cmd_device(args) -> int:
     return 0
 
 
+def _scan_report(run):
+    """A scan run's topology report (RUN/report.html): the CLI joins the probe and the reports."""
+    from kog.reports.topology import render_scan_report
+    return render_scan_report(run)
+
+
 def cmd_runs(args) -> int:
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     runs = RunStore(args.runs_dir).list(args.kind)
     rows = [{"path": str(r.path), "kind": r.kind, "status": r.status,
              "device": (r.meta.get("device") or {}).get("name"), "started": r.meta.get("started")}
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         # line and exit 2, whatever the scan module needs at import time.
         from kog.probe.device import require_gpu
         args.device_info = require_gpu(args.device)
-        return import_command("kog.probe.scan", "cli_scan", "kogprobe scan")(args)
+        return import_command("kog.probe.scan", "cli_scan", "kogprobe scan")(args, render_report=_scan_report)
     if args.cmd == "report":
         return import_command("kog.reports.cli", "cli_probe_report", "kogprobe report")(args)
     if args.cmd == "device":

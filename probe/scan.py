@@ -1,8 +1,8 @@
 """`kogprobe scan`: run the probes on one GPU and store a scan run.
 
     runs/<time>-<device>-scan/  meta.json, one Parquet table per probe table (kog.probe.probes lists
-                                them), summary.json, probe_extras.json, report.html (when the reports
-                                module is there)
+                                them), summary.json, probe_extras.json, report.html (rendered by the
+                                caller's render_report: the CLI passes kog.reports')
 
 Each probe runs inside its own try: a failure is recorded (meta.json "errors") and the scan goes on;
 Ctrl-C keeps the probes that finished (the run is marked incomplete, with a partial summary).
@@ -15,9 +15,9 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.probe.probes import PROBES
 
 # Published figures the summary compares against (ours / theirs; a gap over 30% gets an explanation).
@@ -56,6 +56,29 @@ EXPLAIN = {
 def bundled_scan_path() -> Path:
     """The scan recorded on the lent H200 that ships with kog (a run directory)."""
     return Path(__file__).resolve().parent / "data" / "h200_scan"
+
+
+def find_scan(path=None, device_name: str | None = None) -> Path | None:
+    """The scan to use, in one order for every caller: `path` when given (UsageError if it is no directory);
+    else the latest complete scan run of `device_name` in the run store (KOG_RUNS_DIR; of any device when
+    no device is named); else the bundled scan, when it was recorded on that device or none is named;
+    else None."""
+    if path is not None:
+        p = Path(path)
+        if not p.is_dir():
+            raise UsageError(f"no such scan directory: {p}")
+        return p
+    from kog.runstore import RunError, RunStore, open_run
+    run = RunStore().latest("scan", device_name=device_name)
+    if run is not None:
+        return run.path
+    try:
+        bundled = open_run(bundled_scan_path())
+    except RunError:
+        return None
+    if device_name is None or (bundled.meta.get("device") or {}).get("name") == device_name:
+        return bundled.path
+    return None
 
 
 def _f(x: Any, nd: int = 3) -> float | None:
@@ -203,7 +226,7 @@ def run_scan(info, probes: list[str], quick: bool, runs_dir=None, argv=None, pro
     """Run `probes` on the GPU `info` describes; returns (run, summary)."""
     import torch
     from kog.probe.probes.common import ProbeContext
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     torch.cuda.set_device(info.index)
     ctx = ProbeContext(sms=info.sms, vendor=info.vendor, quick=quick, device_index=info.index,
                        l2_bytes=info.l2_bytes, dies=info.dies or 1, llc_bytes=info.llc_bytes)
@@ -292,7 +315,9 @@ def print_summary(summary: dict, run_path, console=None) -> None:
     c.print(f"run: {run_path}")
 
 
-def cli_scan(args) -> int:
+def cli_scan(args, render_report: Callable[[Any], Any] | None = None) -> int:
+    """`kogprobe scan`: run the probes, store the run, print its summary; render_report(run) -> path makes
+    its report (unless --no-report). The probe layer renders nothing itself: the CLI passes the reports'."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from kog.probe.device import require_gpu
@@ -310,16 +335,11 @@ def cli_scan(args) -> int:
                 prog.update(task, description=f"{name}: {msg}" if msg != "start" else name)
         run, summary = run_scan(info, probes, args.quick, args.runs_dir, argv=sys.argv, progress=progress)
     report = None
-    if not args.no_report:
+    if render_report is not None and not args.no_report:
         try:
-            from kog.reports.topology import render_scan_report
-        except ImportError:
-            err.print("report: skipped (kog.reports.topology is not built yet)")
-        else:
-            try:
-                report = render_scan_report(run)
-            except Exception as e:  # the scan is stored either way
-                err.print(f"report: failed ({type(e).__name__}: {e})")
+            report = render_report(run)
+        except Exception as e:  # the scan is stored either way
+            err.print(f"report: failed ({type(e).__name__}: {e})")
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:

@@ -1,4 +1,4 @@
-"""kog.reports: the run store every command writes, and self-contained HTML reports of its runs.
+"""kog.reports: self-contained HTML reports of the runs in the run store (kog.runstore).
 
     from kog.reports import render_scan_report, render_bench_report, render_study_report, render_compare
 """
@@ -8,7 +8,7 @@ _LAZY = {"render_scan_report": "kog.reports.topology", "render_bench_report": "k
 
 
 def __getattr__(name):
-    # lazy: importing kog.reports (the run store) must not pull in matplotlib, pandas or optuna
+    # lazy: importing kog.reports must not pull in matplotlib, pandas or optuna
     if name in _LAZY:
         import importlib
         return getattr(importlib.import_module(_LAZY[name]), name)

@@ -1,5 +1,6 @@
 """Bench tables shared by the bench (which writes them) and the engine report (which reads them, or
-derives them from a bench JSON that has no run directory). pandas only: no matplotlib here.
+derives them from a bench JSON that has no run directory), and how to read a bench document's errors in
+either of its layouts (rel_errs). pandas only: no matplotlib here.
 
 The per-phase breakdown comes from a kog system's breakdown_extra['phases'] ({phase: {seconds_per_token,
 waiting, tasks}}, engine/trace.py): in a phase, `waiting` is the targeted wait for producers and the rest
@@ -18,6 +19,23 @@ BARRIER_PHASE = "barrier"
 OTHER_PHASE = "other"
 # a decode step's order (engine/plan.py TASK_NAMES), then the barriers and the token's remainder
 PHASE_ORDER = ("qkv", "attn", "o", "gate_up", "down", "lm", BARRIER_PHASE, OTHER_PHASE)
+
+
+# What a bench document's max_rel_err is measured against (its top-level max_rel_err_oracle; kog.tune.bench)
+ORACLE_FP32 = "reference computed in float32 over the model's weights"
+ORACLE_SAME = "reference (float32 weights)"
+
+
+def rel_errs(doc: dict, rec: dict) -> tuple[float | None, float | None]:
+    """(error against the float32 reference, error against the model-dtype reference) of one system's record
+    in a bench document; None where not measured. Benches written before the float32 oracle became the gate
+    have no max_rel_err_oracle: their max_rel_err is against the model-dtype Reference and
+    max_rel_err_fp32_ref against the float32 one."""
+    if "max_rel_err_oracle" in doc:
+        e = rec.get("max_rel_err")
+        return e, (rec.get("max_rel_err_model_dtype_ref") if doc["max_rel_err_oracle"] == ORACLE_FP32 else e)
+    e16 = rec.get("max_rel_err")
+    return (rec.get("max_rel_err_fp32_ref") if doc.get("reference_max_rel_err_vs_fp32") is not None else e16), e16
 
 
 def _phase_key(phase: str) -> tuple[int, str]:
@@ -205,9 +223,8 @@ def attn_split_timing(tl: pd.DataFrame, attn: pd.DataFrame, system: str) -> pd.D
     relative to the end of its layer's last qkv task, median over the layers and KV heads, with the share of
     them that merged. `attn` is the split stamps table (kog.engine.trace.attn_stamps_table: task, step,
     split, wait_ns, merged; `bench/engine_check.py --save-timeline --attn-stamps` writes attn_t<i>.parquet).
-    The instrument of docs/engine-notes.md session 13: a split's wait ended ~0.7 us after the qkv
-    phase's end whenever it started, its q done 8 us before, because round trips issued during the weight
-    stream queue behind the rings' copies."""
+    It shows whether the splits wait on their layer's qkv phase (a wait that ends just after the phase,
+    whenever the split started) or on something else, such as round trips queued behind the weight stream."""
     tok = _traced_token(tl, system, {"step", "task", "layer", "phase", "start_ns", "end_ns"})
     need = {"step", "task", "split", "wait_ns", "merged"}
     if tok is None or attn is None or attn.empty or not need <= set(attn.columns):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kog.probe.errors import KogError, UsageError
+from kog.errors import KogError, UsageError
 
 
 def bundled_scan() -> Path:
@@ -58,7 +58,7 @@ def _open(path: str | Path):
     if p.is_file() and p.suffix == ".json":
         from kog.reports.engine_report import JsonBench
         return JsonBench(p)
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     return open_run(p)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.html import Section, fmt_value, render_page
 
@@ -21,7 +21,7 @@ def _open(r):
         if p.is_file() and p.suffix == ".json":
             from kog.reports.engine_report import JsonBench
             return JsonBench(p)
-        from kog.reports.runstore import open_run
+        from kog.runstore import open_run
         return open_run(p)
     return r
 

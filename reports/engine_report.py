@@ -21,11 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from kog.engine.bench import rel_errs
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.bench_tables import (critical_path_table, layer_segments, model_shapes_of, phase_breakdown,
-                                      phase_table, phase_weight_bytes)
+                                      phase_table, phase_weight_bytes, rel_errs)
 from kog.reports.html import Section, error_for, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
@@ -104,7 +103,7 @@ def system_breakdowns(doc: dict[str, Any] | None, bd: pd.DataFrame | None) -> di
 def write_chrome_trace(tl: pd.DataFrame, path: Path, system: str | None = None) -> Path:
     """Trace-event JSON (Perfetto / chrome://tracing): one complete ('X') event per timeline row,
     pid = SM, tid = CTA, times in microseconds from the first stamp."""
-    from kog.reports.runstore import atomic_write_bytes
+    from kog.runstore import atomic_write_bytes
     t0 = int(tl["start_ns"].min()) if len(tl) else 0
     events: list[dict[str, Any]] = []
     for sm in sorted(tl["sm"].unique()):
@@ -346,7 +345,7 @@ def _as_bench(run):
         p = Path(run)
         if p.is_file() and p.suffix == ".json":
             return JsonBench(p)
-        from kog.reports.runstore import open_run
+        from kog.runstore import open_run
         return open_run(p)
     return run
 

@@ -6,7 +6,7 @@ cycles; a 132-CTA atomic barrier ~0.92 us; copy ~4.2 TB/s) plus seeded noise, so
 real thing; the table schemas are the ones the probes, the bench and the tuner write. `drop` leaves
 probes or tables out (and `errors` records why), to exercise the reports' "missing" sections.
 
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     from kog.reports import synthetic
     run = synthetic.write_scan(RunStore(tmp), drop=("signal",), errors={"signal": "timeout"})
 """
@@ -287,7 +287,7 @@ def make_study(storage: str | None = None, name: str = "kog-h200-llama-3.2-1b", 
              "k_chunk": CategoricalDistribution([256, 512, 1024, 2048]),
              "warps": CategoricalDistribution([2, 4, 8]),
              "ctas_per_sm": IntDistribution(1, 2),
-             "prefetch": IntDistribution(1, 4),
+             "weight_ring": IntDistribution(1, 4),
              "mapping": CategoricalDistribution(["round-robin", "contiguous", "topology"]),
              "wait_granularity": IntDistribution(1, 8)}
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
@@ -303,7 +303,7 @@ def make_study(storage: str | None = None, name: str = "kog-h200-llama-3.2-1b", 
                                           user_attrs={"fail_reason": FAIL_REASONS[len(fail_at & set(range(i))) % 4]})
         else:
             v = (900 + 380 * (p["sync_mode"] == "targeted") + 90 * (p["mapping"] == "topology")
-                 - 40 * abs(np.log2(p["rows_per_task"] / 32)) + 25 * p["prefetch"] - 15 * abs(p["warps"] - 4)
+                 - 40 * abs(np.log2(p["rows_per_task"] / 32)) + 25 * p["weight_ring"] - 15 * abs(p["warps"] - 4)
                  - 10 * p["wait_granularity"] + rng.normal(0, 20))
             t = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=float(v), params=p,
                                           distributions=dists, user_attrs={"max_rel_err": float(rng.uniform(1e-3, 9e-3))})

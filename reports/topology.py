@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.html import Section, error_for, render_page, table_or_none
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.html import Block, Section, embed_figure, error_for, render_page
 
@@ -228,7 +228,7 @@ def render_study_report(study_or_run, out: str | Path | None = None, storage: st
     study = None
     info: dict[str, Any] = {}
     if isinstance(study_or_run, (str, Path)):
-        from kog.reports.runstore import open_run
+        from kog.runstore import open_run
         study_or_run = open_run(study_or_run)
     if hasattr(study_or_run, "trials_dataframe"):
         study = study_or_run

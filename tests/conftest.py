@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 @pytest.fixture
 def tmp_runs(tmp_path, monkeypatch):
     """A RunStore in a temporary directory, also exported as KOG_RUNS_DIR for subprocesses."""
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     root = tmp_path / "runs"
     monkeypatch.setenv("KOG_RUNS_DIR", str(root))
     return RunStore(root)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from kog.probe import __version__
-from kog.probe.errors import NotBuiltError, import_command
+from kog import __version__
+from kog.errors import NotBuiltError, import_command
 
 
 def run(*args, env=None, timeout=120):
@@ -116,7 +116,7 @@ def test_import_command_missing_module_is_not_built():
 
 def test_import_command_missing_function_is_not_built():
     with pytest.raises(NotBuiltError, match="not built yet"):
-        import_command("kog.probe.errors", "no_such_function", "kogprobe x")
+        import_command("kog.errors", "no_such_function", "kogprobe x")
 
 
 def test_import_command_does_not_mask_inner_import_errors(tmp_path, monkeypatch):
@@ -132,7 +132,7 @@ def test_import_command_does_not_mask_inner_import_errors(tmp_path, monkeypatch)
 
 def test_unexpected_errors_are_one_line_without_traceback(tmp_path):
     # Any exception a command did not expect still reaches the user as one line and exit 1.
-    code = ("from kog.probe.errors import cli_entry\n"
+    code = ("from kog.errors import cli_entry\n"
             "@cli_entry('t')\n"
             "def main(argv=None):\n"
             "    raise ZeroDivisionError('boom')\n"

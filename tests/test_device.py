@@ -11,7 +11,7 @@ import pytest
 
 from kog.probe.device import DeviceInfo, detect, require_gpu
 from kog.probe.device import amd, fake, nvidia
-from kog.probe.errors import NoGPUError, UsageError
+from kog.errors import NoGPUError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MiB = 1 << 20

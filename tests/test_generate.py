@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from kog.engine.config import preset
-from kog.engine.generate import generate_reference, sample_next
 from kog.engine.reference import Reference
 from kog.engine.tokenizer import ByteTokenizer, HFTokenizer, StreamDecoder, load_tokenizer
 from kog.engine.weights import random_weights, save_checkpoint
 from kog.tune.cli import main as kogtune
+from kog.tune.generate import generate_reference, sample_next
 
 V = 200
 
@@ -138,7 +138,7 @@ def test_cli_generate_monokernel_not_built(capsys):
 # ---- bench pieces that need no GPU ---------------------------------------------------------------------------
 
 def test_max_rel_err_definition():
-    from kog.engine.bench import first_divergence, max_rel_err
+    from kog.tune.bench import first_divergence, max_rel_err
     b = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
     a = b.clone()
     assert max_rel_err(a, b) == 0.0
@@ -157,8 +157,8 @@ def test_bench_without_gpu_is_one_line(capsys):
 
 
 def test_bench_system_records_errors_and_goes_on():
-    from kog.engine.baselines import ReferenceEager
-    from kog.engine.bench import bench_system, reference_greedy
+    from kog.tune.baselines import ReferenceEager
+    from kog.tune.bench import bench_system, reference_greedy
     cfg = preset("tiny").replace(dtype="float32")
     w = random_weights(cfg, "cpu", 0)
     prompt = [1, 2, 3, 4]
@@ -189,8 +189,8 @@ def test_bench_system_records_errors_and_goes_on():
 
 def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
     """The whole bench bookkeeping (systems, errors, run directory, JSON keys) with the CPU stand-in."""
-    from kog.engine import bench
-    from kog.reports.runstore import open_run
+    from kog.tune import bench
+    from kog.runstore import open_run
     bench.available_systems()
     monkeypatch.setitem(bench._REGISTRY, "kog-grid", bench._not_built("kog-grid", "not built"))
 
@@ -276,7 +276,7 @@ def _trace_table(steps: int, rows_per_step: int, seed: int = 0):
 
 
 def test_sample_timeline_keeps_whole_tokens():
-    from kog.engine.bench import sample_timeline
+    from kog.tune.bench import sample_timeline
     df = _trace_table(steps=5, rows_per_step=30, seed=1)
     a = sample_timeline(df, max_rows=70)
     assert sorted(a["step"].unique()) == [1, 2] and len(a) == 60       # the start-up token is skipped
@@ -291,7 +291,7 @@ def test_cli_bench_prints_run_then_report_last(tmp_path, monkeypatch, capsys):
     """`kogtune bench` ends with the run directory, then the engine report's path (last line)."""
     import argparse
     import functools
-    from kog.engine import bench
+    from kog.tune import bench
     bench.available_systems()
 
     class Traced(bench._REGISTRY["reference-eager"]):
@@ -311,3 +311,31 @@ def test_cli_bench_prints_run_then_report_last(tmp_path, monkeypatch, capsys):
     html = report.read_text()
     assert "kog-targeted" in html and "Per-SM timeline" in html and "data:image/png;base64," in html
     assert list(run_dir.glob("report*.trace.json"))              # the Chrome trace beside the report
+
+
+def test_kog_systems_run_the_monokernel_with_the_tuned_config(tmp_path, monkeypatch):
+    """kog-targeted / kog-grid (kog.tune.systems.KogSystem) on the interpreter: the config the store gives
+    for this device (here the user's stored one) in the system's sync mode, greedy tokens equal to the
+    float32 reference's, teacher-forced logits within float32 rounding of it."""
+    from kog.engine.engine_config import EngineConfig
+    from kog.tune import bench, store
+    from kog.tune.systems import KogSystem
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    cfg = preset("tiny")
+    w = random_weights(cfg, "cpu", seed=3, dtype=torch.float32)
+    stored = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
+                          sync_rows=32, max_spin=5000)
+    assert store.save_best("cpu", cfg, stored, 1.0, {"backend": "gpu"})
+    systems = bench.available_systems()
+    for name, mode in (("kog-targeted", "targeted"), ("kog-grid", "grid")):
+        s = systems[name](cfg, w, "cpu")
+        assert isinstance(s, KogSystem) and s.ecfg == stored.replace(mode=mode)
+    prompt = [5, 17, 33, 2, 9]
+    oracle = Reference(cfg, w, 64, compute_dtype=torch.float32)
+    want = oracle.greedy(prompt, 3)
+    tokens, secs = s.generate(prompt, 3)
+    assert list(tokens) == want and secs > 0 and s.mk.max_seq == 64
+    got = s.teacher_forced_logits(prompt, want)
+    ref = Reference(cfg, w, 64, compute_dtype=torch.float32).teacher_forced_logits(prompt, want)
+    assert float((got.float() - ref).abs().max() / ref.abs().max()) < 1e-4
+

@@ -392,7 +392,7 @@ def test_fake_mi300x_modes(fake_device):
     assert info.partition == {"compute": "SPX", "memory": "NPS1"} and info.dies == 8
     q = fake.mi300x(compute="QPX")
     assert (q.sms, q.dies, q.llc_bytes) == (76, 2, 64 * MiB)
-    from kog.probe.errors import UsageError
+    from kog.errors import UsageError
     with pytest.raises(UsageError, match="compute partition"):
         fake.mi300x(compute="TPX")
 

@@ -181,7 +181,7 @@ needs_bundle = pytest.mark.skipif(not (bundled / "meta.json").exists(), reason="
 
 @needs_bundle
 def test_bundled_scan_tables_have_the_schema():
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     run = open_run(bundled)
     assert run.kind == "scan"
     for name, cols in TABLE_COLUMNS.items():
@@ -192,7 +192,7 @@ def test_bundled_scan_tables_have_the_schema():
 
 @needs_bundle
 def test_bundled_scan_analyses_reproduce_its_summary():
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     run = open_run(bundled)
     t = load_tables(run)
     summ = run.json("summary")
@@ -210,3 +210,48 @@ def test_bundled_scan_analyses_reproduce_its_summary():
         assert again[k] == summ[k], k
     assert summ["sms_to_saturate_hbm"] <= 132
     assert json.dumps(summ["comparison"])
+
+
+# ---- where a scan is found (kog.probe.scan.find_scan: the search, the trials and the simulator use it) ------
+def _scan_run(store, name, complete=True):
+    run = store.create("scan", {"name": name, "sms": 132})
+    run.finish("complete" if complete else "incomplete")
+    return run.path
+
+
+@needs_bundle
+def test_find_scan_one_order(tmp_runs, tmp_path, monkeypatch):
+    """A given directory; else this device's latest complete scan in the run store (any device's when none
+    is named); else the bundled scan, for its own device only; else nothing."""
+    import datetime as dt
+    import itertools
+    from kog import runstore
+    from kog.errors import UsageError
+    from kog.probe.scan import find_scan
+    minutes = itertools.count()       # one run a minute: "latest" is the run store's time order
+    t0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    monkeypatch.setattr(runstore, "_utc_now", lambda: t0 + dt.timedelta(minutes=next(minutes)))
+    h200, a100 = "NVIDIA H200", "NVIDIA A100-SXM4-80GB"
+    assert find_scan(None, h200) == bundled and find_scan() == bundled       # an empty store: the bundled
+    assert find_scan(None, a100) is None                                      # ... only for its own device
+    assert find_scan(tmp_path) == tmp_path and find_scan(str(tmp_path), a100) == tmp_path
+    with pytest.raises(UsageError, match="no such scan directory"):
+        find_scan(tmp_path / "absent")
+    old = _scan_run(tmp_runs, h200)
+    mine = _scan_run(tmp_runs, h200)
+    _scan_run(tmp_runs, h200, complete=False)                                 # never an incomplete one
+    assert find_scan(None, h200) == mine != old
+    assert find_scan(None, a100) is None                                      # never another device's
+    other = _scan_run(tmp_runs, a100)
+    assert find_scan(None, a100) == other and find_scan() == other            # no device: the latest
+    assert find_scan(tmp_path, h200) == tmp_path                              # a given one wins
+
+
+@needs_bundle
+def test_load_scan_reads_what_find_scan_finds(tmp_runs, tmp_path):
+    from kog.tune.scan_model import load_scan, synthetic_h200, write_scan_dir
+    assert load_scan(device_name="NVIDIA H200").source == str(bundled)
+    assert load_scan(device_name="NVIDIA A100-SXM4-80GB").source == "synthetic"
+    s = synthetic_h200()
+    p = write_scan_dir(s.__class__(**{**s.to_dict(), "flag_us": 3.0}), tmp_path / "scan")
+    assert load_scan(p).flag_us == 3.0

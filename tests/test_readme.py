@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kog.engine.bench import rel_errs
-
 from kog.reports import readme_table as RT
+from kog.reports.bench_tables import rel_errs
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kog.probe.errors import KogError, UsageError
+from kog.errors import KogError, UsageError
 from kog.reports import synthetic
 from kog.reports.compare import change_class, render_compare
 from kog.reports.engine_report import render_bench_report
-from kog.reports.runstore import RunStore
+from kog.runstore import RunStore
 from kog.reports.topology import render_scan_report
 from kog.reports.tuning import mask_url, render_study_report
 
@@ -395,7 +395,7 @@ def test_study_report_for_search_callers(store, study_run, tmp_path):
 
 def test_bundled_scan_renders_when_present(tmp_path):
     from kog.probe.scan import bundled_scan_path
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     p = bundled_scan_path()
     if not (p / "meta.json").exists():
         pytest.skip("no bundled H200 scan in this checkout yet")

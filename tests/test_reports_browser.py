@@ -212,7 +212,7 @@ def reports(tmp_path_factory):
     from kog.reports import synthetic
     from kog.reports.compare import render_compare
     from kog.reports.engine_report import render_bench_report
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     from kog.reports.topology import render_scan_report
     from kog.reports.tuning import render_study_report
     root = tmp_path_factory.mktemp("browser")
@@ -223,7 +223,7 @@ def reports(tmp_path_factory):
     bench = synthetic.write_bench(store, model="<script>alert(1)</script>")
     study = synthetic.write_study(store, n_trials=24)
     from kog.probe.scan import bundled_scan_path
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     bundled = bundled_scan_path()
     from kog.reports.cli import bundled_bench
     return {

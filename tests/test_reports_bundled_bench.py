@@ -30,7 +30,7 @@ def test_bundled_bench_is_the_committed_bench():
     # the bundled run directory is that same bench, with its instrumented run's timeline
     assert bundled_bench() == BUNDLED_BENCH_RUN
     assert json.loads((BUNDLED_BENCH_RUN / "bench.json").read_text()) == committed
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     run = open_run(BUNDLED_BENCH_RUN)
     assert run.kind == "bench" and run.status == "complete" and run.has_table("timeline")
 

@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kog.probe.device import DeviceInfo
 from kog.probe.device.fake import h200
-from kog.reports.runstore import (FORMAT, RunError, RunStore, atomic_write_bytes, atomic_write_json,
-                                  open_run, source_digest)
+from kog.provenance import source_digest
+from kog.runstore import FORMAT, RunError, RunStore, atomic_write_bytes, atomic_write_json, open_run
 
 
 def _df(n=50, seed=0):
@@ -35,7 +36,7 @@ def test_complete_run_layout(tmp_runs):
     assert r.meta["format"] == FORMAT and r.meta["argv"] == ["kogprobe", "scan"]
     assert r.meta["started"] and r.meta["finished"] and "torch" in r.meta["versions"]
     assert r.meta["source_digest"] == source_digest()
-    assert r.device.sms == 132 and r.tables == ["latency"] and r.meta["documents"] == ["summary"]
+    assert DeviceInfo.from_dict(r.meta["device"]).sms == 132 and r.tables == ["latency"] and r.meta["documents"] == ["summary"]
     pd.testing.assert_frame_equal(r.table("latency"), df)
     assert r.json("summary") == {"barrier_us": 0.92}
     assert [x.path for x in tmp_runs.list("scan")] == [run.path]
@@ -81,7 +82,7 @@ def test_killed_run_reads_as_incomplete(tmp_runs):
     """A writer killed with SIGKILL leaves status 'running'; with its pid gone, readers say incomplete."""
     code = textwrap.dedent(f"""
         import os, sys, time, pandas as pd
-        from kog.reports.runstore import RunStore
+        from kog.runstore import RunStore
         run = RunStore({str(tmp_runs.root)!r}).create("scan", None)
         run.write_table("done", pd.DataFrame({{"x": [1.5, 2.5]}}))
         print(run.path, flush=True)
@@ -103,8 +104,8 @@ def test_sigterm_through_cli_entry_marks_incomplete(tmp_runs):
     """cli_entry turns SIGTERM into an exception so the `with` block records an incomplete run."""
     code = textwrap.dedent(f"""
         import sys, time, pandas as pd
-        from kog.probe.errors import cli_entry
-        from kog.reports.runstore import RunStore
+        from kog.errors import cli_entry
+        from kog.runstore import RunStore
 
         @cli_entry("t")
         def main(argv=None):
@@ -253,23 +254,30 @@ def test_create_rejects_unknown_kind(tmp_runs):
 
 
 def test_source_digest_names_the_code_not_the_checkout(tmp_path, monkeypatch):
-    """source_digest hashes the imported kog sources by path and content: a run's meta.json carries it, and
-    one changed byte in any subpackage changes it (a device copy's stale git metadata cannot)."""
-    import importlib
+    """source_digest hashes kog's sources by path and content: a run's meta.json carries it, and one changed
+    byte in the core or any subpackage changes it (a device copy's stale git metadata cannot). The core
+    counts its own files only: an installed `kog` folder holds the subpackages too."""
+    import importlib.util
     import types
+    from kog.provenance import PARTS
     d = source_digest()
     assert len(d) == 16 and int(d, 16) >= 0 and source_digest() == d
-    roots = {}
-    for name in ("probe", "tune", "engine", "reports"):
-        (tmp_path / name / "sub").mkdir(parents=True)
-        (tmp_path / name / "__init__.py").write_text("")
-        (tmp_path / name / "sub" / "m.py").write_text(f"X = '{name}'\n")
-        roots[f"kog.{name}"] = types.SimpleNamespace(__file__=str(tmp_path / name / "__init__.py"))
-    real = importlib.import_module
-    monkeypatch.setattr(importlib, "import_module", lambda n, *a: roots.get(n) or real(n, *a))
+    specs = {}
+    for label, module in PARTS:
+        (tmp_path / label / "sub").mkdir(parents=True)
+        (tmp_path / label / "__init__.py").write_text("")
+        (tmp_path / label / "sub" / "m.py").write_text(f"X = '{label}'\n")
+        specs[module] = types.SimpleNamespace(origin=str(tmp_path / label / "__init__.py"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: specs.get(n) or real(n, *a))
     fake = source_digest()
     assert fake != d
-    (tmp_path / "engine" / "sub" / "m.py").write_text("X = 'engine!'\n")
-    assert source_digest() not in (fake, d)
-    (tmp_path / "engine" / "sub" / "m.py").write_text("X = 'engine'\n")
+    for label in ("engine", "core"):
+        changed = tmp_path / label / ("sub/m.py" if label == "engine" else "__init__.py")
+        before = changed.read_text()
+        changed.write_text(before + "Y = 1\n")
+        assert source_digest() not in (fake, d), label
+        changed.write_text(before)
+        assert source_digest() == fake
+    (tmp_path / "core" / "sub" / "m.py").write_text("X = 'a subpackage folder inside kog'\n")
     assert source_digest() == fake

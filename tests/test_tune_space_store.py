@@ -36,7 +36,7 @@ def test_grid_mode_has_no_sync_rows_param():
     sp = build_space(preset("tiny"))
     t = optuna.trial.FixedTrial({"mode": "grid", "ctas_per_sm": 2, "num_warps": 4, "block_k": 256,
                                  **{f"bn_{p}": 2 for p in ("qkv", "o", "gate_up", "down", "lm")},
-                                 "prefetch": 1, "row_prefetch": 0, "mapping": "topology", "attn_block": 64})
+                                 "mapping": "topology", "attn_block": 64})
     assert sp.suggest(t).sync_rows == 0
 
 
@@ -86,9 +86,9 @@ def test_weight_ring_is_a_parameter_only_where_the_ring_runs():
     assert not ring_capable(NS(vendor="nvidia", arch="sm_80"))
     assert not ring_capable(NS(vendor="amd", arch="gfx942")) and not ring_capable(None)
     m = preset("llama-3.2-1b")
-    assert build_space(m).weight_ring == (0,) and build_space(m).row_prefetch == (0, 1)
+    assert build_space(m).weight_ring == (0,)
     sp = build_space(m, ring=True)
-    assert sp.weight_ring == WEIGHT_RING_CHOICES and sp.row_prefetch == (0, 1, 2)   # 2: rows via shared memory
+    assert sp.weight_ring == WEIGHT_RING_CHOICES
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = set()
     for _ in range(30):
@@ -111,7 +111,7 @@ def test_builtin_table_gives_the_measured_tiling_for_its_device_and_shape_only(t
     monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
     m = preset("sheared-llama-2.7b")
     got = store.builtin_config("NVIDIA H200", m)
-    assert got is not None and got.weight_ring and got.row_prefetch == 2
+    assert got is not None and got.weight_ring == 3 and got.attn_tile == 32
     got.validate(m)
     assert store.builtin_config("NVIDIA H100 80GB HBM3", m) is None
     assert store.builtin_config("NVIDIA H200", preset("llama-3.2-1b")) is None
@@ -133,3 +133,47 @@ def test_search_baseline_is_what_the_engine_runs_there():
     assert engine_default("gpu", "NVIDIA H200", h200, llama) == sm90_default(llama)
     assert engine_default("gpu", "NVIDIA A100", NS(vendor="nvidia", arch="sm_80"), llama) == EngineConfig()
     assert engine_default("sim", "NVIDIA H200", h200, sheared) == EngineConfig()
+
+
+def test_tuned_config_takes_the_store_then_the_builtin_table_then_the_platform_default(tmp_path, monkeypatch):
+    """kog.tune.store.tuned_config, what kogtune bench / generate run: the user's stored config, else kog's
+    measured table, the first that fits the cache span; else the platform default (EngineConfig() here)."""
+    from kog.engine.engine_config import fits
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    monkeypatch.setattr(store, "_device_name", lambda device=None: "NVIDIA H200")
+    sheared, llama = preset("sheared-llama-2.7b"), preset("llama-3.2-1b")
+    builtin = store.builtin_config("NVIDIA H200", sheared)
+    assert store.tuned_config(sheared) == builtin
+    assert store.tuned_config(llama) == EngineConfig()           # the interpreter's platform default
+    mine = EngineConfig(weight_ring=2, attn_block=64)            # its shared memory fits up to 8,192 positions
+    assert fits(mine, sheared, 8192) and not fits(mine, sheared, 16384) and fits(builtin, sheared, 16384)
+    assert store.save_best("NVIDIA H200", sheared, mine, 1.0, {"backend": "gpu"})
+    assert store.tuned_config(sheared) == mine and store.tuned_config(sheared, span=8192) == mine
+    assert store.tuned_config(sheared, span=16384) == builtin
+    assert store.tuned_config(llama, span=16384) == EngineConfig()
+
+
+def test_retired_engine_fields_are_dropped_when_read(tmp_path, monkeypatch):
+    """A tuned.json written by an older kog holds the fields of engine paths that were removed: reading
+    drops exactly those (RETIRED_FIELDS) and keeps the rest of the config; any other unknown field is still
+    refused, so the entry is skipped."""
+    from kog.engine.config import ConfigError
+    assert store.RETIRED_FIELDS == ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop")
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    m = preset("llama-3.2-1b")
+    cfg = EngineConfig(ctas_per_sm=3, mapping="topology")
+    assert store.save_best("NVIDIA H200", m, cfg, 900.0, {"backend": "gpu"})
+    doc = json.loads(store.store_path().read_text())
+    (entry,) = doc["entries"].values()
+    entry["config"].update(prefetch=2, blocked_prefetch=1, row_prefetch=2, pipeline_stages=3, flat_loop=1)
+    store.store_path().write_text(json.dumps(doc))
+    assert store.best_config("NVIDIA H200", m) == cfg
+    assert store.engine_config({**cfg.to_dict(), "prefetch": 1}) == cfg
+    with pytest.raises(ConfigError, match="no_such_knob"):
+        store.engine_config({**cfg.to_dict(), "no_such_knob": 1})
+    entry["config"]["no_such_knob"] = 1
+    store.store_path().write_text(json.dumps(doc))
+    assert store.best_config("NVIDIA H200", m) is None
+    for e in json.loads(store.BUILTIN.read_text())["entries"].values():     # kog's own table is current
+        assert not set(e["config"]) & set(store.RETIRED_FIELDS)
+

@@ -7,7 +7,7 @@ import pytest
 
 from kog.engine.config import preset
 from kog.engine.engine_config import EngineConfig
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 from kog.tune.cli import main
 from kog.tune.objective import Objective, TrialContext
 from kog.tune.space import build_space, config_from_params
@@ -83,8 +83,8 @@ def _prepare(params, model=M, gpus=8, tp=(1, 2, 4, 8)):
     obj = Objective(ctx)
     study = optuna.create_study(direction="maximize")
     base = {k: v for k, v in EngineConfig().to_dict().items()
-            if k in ("mode", "ctas_per_sm", "num_warps", "block_k", "sync_rows", "prefetch", "row_prefetch",
-                     "mapping", "attn_block") or k.startswith("bn_")}
+            if k in ("mode", "ctas_per_sm", "num_warps", "block_k", "sync_rows", "mapping", "attn_block")
+            or k.startswith("bn_")}
     base["mapping"] = "round-robin"
     study.enqueue_trial({**base, **params})
     t = study.ask()

@@ -1,15 +1,15 @@
 """`kogtune`: tune the engine (search), benchmark it (bench), generate text, render and list results.
 
-Argument parsing and dispatch only; the work lives in kog.tune.search, kog.engine.bench,
-kog.engine.generate and kog.reports.
+Argument parsing and dispatch only; the work lives in kog.tune.search, kog.tune.bench,
+kog.tune.generate and kog.reports.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from kog.probe import __version__
-from kog.probe.errors import cli_entry, import_command
+from kog import __version__
+from kog.errors import cli_entry, import_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "bench":
         from kog.probe.device import require_gpu
         args.device_info = require_gpu()
-        return import_command("kog.engine.bench", "cli_bench", "kogtune bench")(args)
+        return import_command("kog.tune.bench", "cli_bench", "kogtune bench")(args)
     if args.cmd == "generate":
-        return import_command("kog.engine.generate", "cli_generate", "kogtune generate")(args)
+        return import_command("kog.tune.generate", "cli_generate", "kogtune generate")(args)
     if args.cmd == "report":
         return import_command("kog.reports.cli", "cli_tune_report", "kogtune report")(args)
     if args.cmd == "replay":

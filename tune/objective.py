@@ -111,33 +111,29 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
         st = CACHE[key] = {"model": model, "weights": weights, "prompt": prompt, "forced": forced, "ref": None}
     if gate and st["ref"] is None:
         from kog.engine.reference import Reference
-        # the oracle: the reference computed in float32 over the same weights (kog.engine.bench's max_rel_err)
+        # the oracle: the reference computed in float32 over the same weights (kog.tune.bench's max_rel_err)
         st["ref"] = Reference(st["model"], st["weights"], compute_dtype=torch.float32).teacher_forced_logits(
             st["prompt"], st["forced"]).float()
     return st
 
 
 def sm_partition(payload: dict[str, Any]) -> dict[int, int] | None:
-    """SM id -> L2 partition from a kogprobe scan (the payload's 'scan' directory, else this GPU's latest
-    scan or the bundled one when its device name matches): what mapping='topology' is built from. None
-    without one (the engine then refuses topology with its own one-line ConfigError)."""
+    """SM id -> L2 partition from a kogprobe scan (kog.probe.scan.find_scan: the payload's 'scan' directory,
+    else this GPU's): what mapping='topology' is built from. A scan of another unit of the same GPU model
+    may map a few SMs differently (floorsweeping), which costs locality, never correctness. None without a
+    scan (the engine then refuses topology with its own one-line ConfigError)."""
     from kog.tune.worker import CACHE
     key = ("sm_partition", payload.get("scan"))
     if key not in CACHE:
         CACHE[key] = None
         try:
             import torch
-            from kog.tune.scan_model import find_scan_dir
-            from pathlib import Path
-            gpu = torch.cuda.is_available()
-            name = torch.cuda.get_device_name() if gpu else None
-            sms = torch.cuda.get_device_properties(0).multi_processor_count if gpu else None
-            d = Path(payload["scan"]) if payload.get("scan") else (find_scan_dir(name) if name else None)
-            summ = json.loads((d / "summary.json").read_text()) if d is not None else {}
-            parts = summ.get("l2_partitions")
-            # another unit of the same GPU model: same SM count; its SM -> partition map may differ a
-            # little (floorsweeping), which costs locality, never correctness
-            if parts and (payload.get("scan") or summ.get("device") == name or summ.get("sms") == sms):
+            from kog.probe.scan import find_scan
+            name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+            # without a GPU and without a given scan there is no device to find a scan of
+            d = find_scan(payload.get("scan"), name) if payload.get("scan") or name else None
+            parts = json.loads((d / "summary.json").read_text()).get("l2_partitions") if d else None
+            if parts:
                 CACHE[key] = {int(sm): i for i, lst in enumerate(parts) for sm in lst}
         except Exception:
             pass
@@ -156,7 +152,7 @@ def _build(payload: dict[str, Any], st: dict[str, Any], compile_only: bool = Fal
                           max_seq=int(_opt(payload, "max_seq")), exchange_rows=x)
         mk.n_eos = 0        # its setter sets every rank's n_eos (a rank's EOS ends the token stream)
         return mk
-    from kog.engine.monokernel import Monokernel   # the lead's engine (lazy: heavy, GPU only)
+    from kog.engine.monokernel import Monokernel   # lazy: heavy, and only the GPU backend builds it
     part = sm_partition(payload) if cfg.mapping == "topology" else None
     mk = Monokernel(st["model"], st["weights"], cfg, payload.get("device", "cuda"),
                     max_seq=int(_opt(payload, "max_seq")), sm_partition=part, compile_only=compile_only)

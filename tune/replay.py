@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 
 NON_PARAM = {"tok_per_s", "status", "fail_reason", "backend", "device", "model", "error"}
 WITHIN = 0.02

@@ -2,9 +2,9 @@
 
 A scan directory (kog.probe.scan: Parquet tables bandwidth [sms, kind, GBps], barrier [ctas, warps, us],
 flag [kind, us], launch [mode, us], latency [bytes, ns, cycles, level] and summary.json) becomes one
-`ScanModel` with interpolating accessors. `load_scan()` finds this device's latest scan (runs/ first, then
-the scan bundled with kog); `synthetic_h200()` is a stand-in built from the H200 anchor measurements
-(/work/shared/anchors, 2026-11-29) for tests and for machines with no scan: its `source` says so.
+`ScanModel` with interpolating accessors. `load_scan()` reads the scan kog.probe.scan.find_scan finds (this
+device's latest, else the bundled one); `synthetic_h200()` is a stand-in built from measurements of the H200
+for tests and for machines with no scan: its `source` says so.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class ScanModel:
 
 
 def synthetic_h200() -> ScanModel:
-    """H200 numbers from the anchors (copy 4.21 TB/s, barrier 0.92 us at 132 CTAs, flag 0.71 us); the
+    """Numbers measured on the lent H200 (copy 4.21 TB/s, barrier 0.92 us at 132 CTAs, flag 0.71 us); the
     bandwidth-vs-SMs curve is a saturating shape (saturates near 80 SMs), not a measurement."""
     sms = np.array([1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 132])
     peak = 4210.0
@@ -198,30 +198,13 @@ def write_scan_dir(model: ScanModel, path: str | Path) -> Path:
     return p
 
 
-def find_scan_dir(device_name: str | None = None) -> Path | None:
-    """This device's latest complete scan run under runs/ (KOG_RUNS_DIR), else the bundled scan."""
-    try:
-        from kog.reports.runstore import RunStore
-        run = RunStore().latest("scan", device_name=device_name)
-        if run is not None:
-            return run.path
-    except Exception:
-        pass
-    try:
-        from kog.probe.scan import bundled_scan_path  # the probe helper's module (may not exist yet)
-        p = Path(bundled_scan_path())
-        if p.is_dir():
-            return p
-    except Exception:
-        pass
-    return None
-
-
 def load_scan(path: str | Path | None = None, device_name: str | None = None) -> ScanModel:
-    """The scan at `path`, else this device's latest / the bundled one, else the synthetic H200 model."""
+    """The scan kog.probe.scan.find_scan(path, device_name) finds, else the synthetic H200 model. A scan
+    given by `path` must read; a found one that does not is passed over for the synthetic model."""
+    from kog.probe.scan import find_scan
     if path is not None:
-        return scan_from_dir(path)
-    found = find_scan_dir(device_name)
+        return scan_from_dir(find_scan(path))
+    found = find_scan(None, device_name)
     if found is not None:
         try:
             return scan_from_dir(found)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 
 HEARTBEAT_S, GRACE_S = 20, 60
 
@@ -48,7 +48,7 @@ def quiet_optuna() -> None:
 
 # ---- storage -------------------------------------------------------------------------------------
 def default_storage(runs_dir: str | os.PathLike | None) -> str:
-    from kog.reports.runstore import default_root
+    from kog.runstore import default_root
     root = Path(runs_dir) if runs_dir else default_root()
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(root / 'kog-studies.db').resolve()}"
@@ -180,24 +180,24 @@ def _slug(s: str) -> str:
 
 
 def prepare(args) -> Setup:
-    from kog.tune.scan_model import find_scan_dir, load_scan
+    from kog.probe.scan import find_scan
+    from kog.tune.scan_model import load_scan
     from kog.tune.space import resolve_model_config
     model = resolve_model_config(args.model)
     backend = args.backend
     if backend == "gpu":
         from kog.probe.device import require_gpu
         dev = require_gpu()
-        scan_dir = find_scan_dir(dev.name)
+        scan_dir = find_scan(getattr(args, "scan", None), dev.name)
         name, sms = dev.name, dev.sms
-        scan_path = str(scan_dir) if scan_dir else None
         has_scan = scan_dir is not None
     else:
         dev = None
-        scan_dir = Path(args.scan) if getattr(args, "scan", None) else find_scan_dir()
-        scan = load_scan(scan_dir) if scan_dir else load_scan()
+        scan_dir = find_scan(getattr(args, "scan", None))
+        scan = load_scan(scan_dir)
         name, sms = scan.device_name, scan.sms
-        scan_path = str(scan_dir) if scan_dir else None
         has_scan = True   # the simulator's scan (or its synthetic stand-in) drives the topology mapping
+    scan_path = str(scan_dir) if scan_dir else None
     tp, xr, gpus = _tp_args(args, backend)
     # a TP study has other parameters (and choice lists) than a single-GPU one: its own default name
     suffix = "" if len(tp) == 1 else "-tp" + "-".join(map(str, tp)) + (
@@ -341,10 +341,9 @@ def is_refused(t) -> bool:
 
 
 def finished_count(study, total: int | None = None) -> int:
-    """Finished trials that count toward a search of `total` trials: refused configs (is_refused; a third of
-    the 60 trials of the H200 search at f050f11, where the ring's slots are in the space) do not, up to
-    REFUSED_FREE x total of them, so a space of nothing but refusals still ends. Without total: every
-    finished trial."""
+    """Finished trials that count toward a search of `total` trials: refused configs (is_refused; many where
+    the space offers ring slots the shared memory cannot hold) do not, up to REFUSED_FREE x total of them,
+    so a space of nothing but refusals still ends. Without total: every finished trial."""
     ts = study.get_trials(deepcopy=False, states=_counted_states())
     if not total:
         return len(ts)
@@ -677,6 +676,7 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     takes over, and compiled ahead in parallel."""
     import optuna
     from kog.tune.space import Infeasible, check, check_tp, residency_fn, tp_from_params
+    from kog.tune.store import RETIRED_FIELDS
     space = s.space()
     maxc = residency_fn(s.backend)
     out: list[dict[str, Any]] = []
@@ -684,7 +684,7 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     d = engine_default(s.backend, s.device_name, s.device, s.model)
     try:
         check(d, s.model, s.sms, maxc)
-        p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin",)}
+        p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin", *RETIRED_FIELDS)}
         if p["mode"] == "grid":
             p.pop("sync_rows")
         if len(space.tp_degrees) > 1:
@@ -852,8 +852,7 @@ def summarize(study) -> dict[str, Any]:
 
 
 def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
-    from kog.engine.engine_config import EngineConfig
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     from kog.tune import store
     summ = summarize(study)
     summ.update({"storage": redact(s.storage_url), "wall_s": round(wall, 2), "revived_dead_trials": revived,
@@ -862,7 +861,7 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
     # the engine default is a single-GPU config: with a TP best, the best degree-1 trial is stored
     sb = summ["best_single_gpu"] if "best_tp" in summ else summ["best"]
     if sb is not None and sb.get("config"):
-        cfg = EngineConfig.from_dict(sb["config"])
+        cfg = store.engine_config(sb["config"])        # a study an older kog started: retired fields
         source = {"backend": s.backend, "study": s.study_name, "storage": redact(s.storage_url),
                   "trial": sb["number"]}
         if "best_tp" in summ:
@@ -890,16 +889,11 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
             run.note_error("trials", f"{type(e).__name__}: {e}")
         run.write_json("summary", summ)
         summ["run"] = str(run.path)
+        from kog.reports.tuning import render_study_report
         try:
-            from kog.reports.tuning import render_study_report  # the reports helper's (may not exist yet)
-        except Exception:
-            render_study_report = None
-        if render_study_report is not None:
-            try:
-                report_path = render_study_report(run.path) if len(
-                    inspect.signature(render_study_report).parameters) == 1 else render_study_report(study, run.path)
-            except Exception as e:
-                run.note_error("report", f"{type(e).__name__}: {e}")
+            report_path = render_study_report(study, run.path)          # RUN/report.html
+        except Exception as e:      # the study is recorded either way
+            run.note_error("report", f"{type(e).__name__}: {e}")
     if args.json:
         print(json.dumps({**summ, "report": str(report_path) if report_path else None}, default=str))
     else:

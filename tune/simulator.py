@@ -5,47 +5,20 @@ Deterministic: the same (ModelConfig, EngineConfig, scan) gives the same predict
 
 Two models live here:
 
-1. The ANCHOR model (phase_cost, predict_stream, SimParams/FITTED): a plain persistent GEMV stream with
-   an optional grid barrier per phase, fitted to /work/shared/anchors/stream_ceiling_h200_2026-11-29.json
-   (26 rows; `calibration_error()`: median 5.2 %, max 22 %). Kept as the stream-ceiling reference.
+1. The stream model (phase_cost, predict_stream, SimParams/FITTED): a plain persistent GEMV stream with an
+   optional grid barrier per phase, fitted to the stream-ceiling measurements of the H200
+   (tune/data/h200-stream-ceiling.json). Kept as the reference for what streaming alone reaches.
 
-2. The ENGINE model (predict_engine, EngineParams/ENGINE_FITTED; `predict()` uses it): the real monokernel
-   (engine/kernel.py, plan.py), fitted to every config measured on the lent H200: the 39 rows of
-   tune/data/h200-engine-measurements.parquet (several engine versions, extracted from bench/h200/*.json by
-   extract_engine_measurements()) + the 216 rows of the exhaustive sweep tune/data/nvidia-h200-llama-3.2-1b-
-   sweep.parquet (engine ea912ba; spills unknown -> estimate_spills(); context 16 + 64; split attention).
-   What it models:
-     * register-limited co-residency: the engine caps registers at 64K / (ctas_per_sm * threads) (255 max);
-       the demand (estimate_spills: base + largest weight chunk per thread, more in targeted mode) beyond the
-       cap spills (quadratic in the shortfall, fitted to ptxas for the sweep's 108 kernels), and spills cost
-       time per weight chunk, growing as (spills/100)^spill_pow (the tile itself spills past ~150);
-     * per-task overhead (task_us), the L2 prefetch (issue cost per task and per KiB; the prefetched tile's
-       chunks see lat_pf_us instead of lat_us), targeted mode's wait check per chunk;
-     * streaming per phase: latency-bound (chunks x loaded latency, CTA drain rate capped by an SM's rate
-       shared by its CTAs) blended with the scan's bandwidth (bw_frac of it); gate_up: half-K chunks;
-     * targeted mode: per phase boundary the flag latency, the producer's last-round tail, counter polls;
-       grid mode: per boundary the scan's barrier + refill + the same tail;
-     * the attention chain per layer (qkv -> attention -> merge -> o), split or per-KV-head attention.
-   FITTED (Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of tok/s + 0.3 x the breakdown
-   parts where the row has a trustworthy breakdown): the 16 EngineParams fields.
-   ASSUMED (not fitted): MIN_REGS, SOFTMAX_Q, MAX_SEQ, BD_WEIGHT; the spill estimate's constants were fitted
-   by hand to ptxas (engine/regreport.py); mapping (round-robin / topology / contiguous) is NOT modelled
-   (topology measured 1.5 % slower on average in the sweep, within noise of most pairs).
-   Error (`python -m kog.tune.simulator --calibration [--cv 5] [--loo]`; sweep_calibration_error(),
-   engine_calibration_error()), measured 2026-11-29 with ENGINE_FITTED, bundled H200 scan:
-     measured sweep, 216 rows, before this fit (old model fitted to the 39 rows only): median 17.9 %,
-       p90 39 %, max 235 %;
-     measured sweep, in-sample (fitted on all 255 rows): median 5.7 %, p90 18.6 %, max 56 % (worst: targeted
-       4 CTAs/SM spilling configs), Spearman 0.89, predicted best (grid, 2 CTAs/SM, block_k 4096, bn 8) measures
-       862.6 tok/s = within 2 % of the measured best 871.9;
-     measured sweep, 5-fold cross-validated (fit on 4/5 of the sweep + the 39 rows, predict the held-out
-       fifth; folds by a seed-0 permutation, each refit CV_ITERS steps started from ENGINE_FITTED, so the
-       start point has seen every row): median 5.9 %, p90 17.3 %, max 58 %, Spearman 0.88, predicted best
-       the same config (within 2 %);
-     the 39 engine rows, in-sample: median 3.8 %, max 66 % (the old bn_lm=16 row with 434 spills).
-   Only two models (llama-3.2-1b, sheared-llama-2.7b: 4 rows) and one GPU: other shapes and GPUs are
-   extrapolation.
-Against real trials of a study: `trial_error(rows)`.
+2. The engine model (predict_engine, EngineParams/ENGINE_FITTED; `predict()` uses it): the real monokernel,
+   fitted to the configs measured on the H200 (ENGINE_TABLE, extracted from the committed bench JSON, and the
+   measured sweep SWEEP_TABLE). It models register-limited co-residency and the spills past the register
+   cap, per-task overhead, streaming per phase (latency-bound blended with the scan's bandwidth), the waits
+   of targeted mode or the barriers of grid mode at each phase boundary, and the attention chain per layer;
+   not the task-to-SM mapping (it moved the measured sweep within noise).
+
+docs/simulator.md has how each model was fitted and the errors measured (`python -m kog.tune.simulator
+--calibration` re-measures them); tests/test_tune_sim.py bounds them. Only two models and one GPU were
+measured: other shapes and GPUs are extrapolation. Against real trials of a study: `trial_error(rows)`.
 """
 from __future__ import annotations
 
@@ -60,8 +33,9 @@ import numpy as np
 from kog.engine.config import DTYPE_BYTES, ModelConfig
 from kog.engine.engine_config import EngineConfig
 from kog.tune.scan_model import ScanModel, load_scan, scan_from_dir, synthetic_h200
+from kog.tune.store import RETIRED_FIELDS
 
-ANCHOR_FILE = "stream_ceiling_h200_2026-11-29.json"
+STREAM_TABLE = Path(__file__).resolve().parent / "data" / "h200-stream-ceiling.json"
 REGS_PER_SM, MAX_THREADS_PER_SM, MAX_CTAS_PER_SM_HW = 65536, 2048, 32
 
 
@@ -76,10 +50,9 @@ class SimParams:
     task_us: float = 0.05        # per task: table read, offsets, store, counter release
 
 
-# Fitted by fit_params() against the anchors (see calibration_error()); refit with
-# `python -m kog.tune.simulator --fit` when the anchors change.
+# Fitted by fit_params() against the stream-ceiling rows (calibration_error() measures it); refit with
+# `python -m kog.tune.simulator --fit` when they change.
 FITTED = SimParams(lat_us=0.9640, cta_gbps=36.79, elem_ns=0.08021, seg=0.09947, refill_us=3.119)
-# calibration_error(FITTED) on the 26 anchor rows: median 5.2 %, max 22 % (fitted 2026-11-29 anchors)
 
 
 @dataclass
@@ -142,23 +115,10 @@ def phase_cost(N: int, K: int, bn: int, bk: int, warps: int, ctas_per_sm: int, p
     return PhaseCost(total, synced, overlapped, busiest, ntiles, rounds)
 
 
-# ---- calibration against the anchors ------------------------------------------------------------
-def anchor_path() -> Path | None:
-    import os
-    for d in (os.environ.get("KOG_ANCHORS_DIR"), "/work/shared/anchors",
-              str(Path(__file__).resolve().parents[2] / "shared" / "anchors")):
-        if d and (Path(d) / ANCHOR_FILE).exists():
-            return Path(d) / ANCHOR_FILE
-    data = Path(__file__).resolve().parent / "data" / ANCHOR_FILE
-    return data if data.exists() else None
-
-
-def load_anchor_rows() -> list[dict[str, Any]]:
-    """The anchor rows with a tok/s (failed launches dropped)."""
-    p = anchor_path()
-    if p is None:
-        raise FileNotFoundError(f"anchor file {ANCHOR_FILE} not found (set KOG_ANCHORS_DIR)")
-    d = json.loads(p.read_text())
+# ---- calibration against the stream-ceiling rows ---------------------------------------------------
+def load_stream_rows() -> list[dict[str, Any]]:
+    """The stream-ceiling rows (STREAM_TABLE) with a tok/s (failed launches dropped)."""
+    d = json.loads(STREAM_TABLE.read_text())
     return [r for r in d["rows"] if "tok_s" in r]
 
 
@@ -172,7 +132,7 @@ def _llama1b_phases() -> list[tuple[int, int]]:
 
 def predict_stream(bn: int, bk: int, warps: int, G: int, sync: int, scan: ScanModel | None = None,
                    params: SimParams | None = None) -> float:
-    """tok/s of the anchor kernel (stream all Llama-3.2-1B matrices; sync 1 = grid barrier per phase)."""
+    """tok/s of the stream kernel (stream all Llama-3.2-1B matrices; sync 1 = grid barrier per phase)."""
     scan = scan or synthetic_h200()
     p = params or FITTED
     c = max(1, G // scan.sms)
@@ -191,19 +151,20 @@ def _errors(rows: list[dict[str, Any]], scan: ScanModel, p: SimParams) -> np.nda
 
 
 def calibration_error(params: SimParams | None = None, scan: ScanModel | None = None) -> dict[str, Any]:
-    """Median / max abs % error of the simulator against the anchor rows."""
-    rows = load_anchor_rows()
+    """Median / max abs % error of the stream model against the stream-ceiling rows."""
+    rows = load_stream_rows()
     e = np.abs(_errors(rows, scan or synthetic_h200(), params or FITTED)) * 100
     return {"median_abs_pct": float(np.median(e)), "max_abs_pct": float(e.max()), "rows": len(rows),
-            "anchors": str(anchor_path())}
+            "table": STREAM_TABLE.name}
 
 
 _FREE = ("lat_us", "cta_gbps", "elem_ns", "seg", "refill_us")
 
 
 def fit_params(scan: ScanModel | None = None, iters: int = 1500) -> SimParams:
-    """Fit the free parameters to the anchors: Nelder-Mead on log-parameters, loss = mean |log ratio|."""
-    rows = load_anchor_rows()
+    """Fit the free parameters to the stream-ceiling rows: Nelder-Mead on log-parameters, loss = mean
+    |log ratio|."""
+    rows = load_stream_rows()
     scan = scan or synthetic_h200()
     base = SimParams()
 
@@ -327,12 +288,13 @@ def _read_source(root: Path, rel: str, rev: str | None) -> dict[str, Any] | None
     return json.loads(txt)
 
 
-def extract_engine_measurements(root: str | Path | None = None):
-    """Every measured engine config of bench/h200 as one tidy DataFrame (full EngineConfig per row).
+def extract_engine_measurements(root: str | Path):
+    """Every measured engine config of the bench JSON under `root` (a kog checkout: _SOURCES names the files
+    and the git revisions to read them at) as one tidy DataFrame (full EngineConfig per row).
 
     tok_s is max(runs): the first run of a pair was a cold launch (compile + first touch) in the sweeps."""
     import pandas as pd
-    root = Path(root) if root else Path(__file__).resolve().parents[1]
+    root = Path(root)
     rows: list[dict[str, Any]] = []
     for rel, rev, commit, note, defaults, split, new_tokens, other_ok in _SOURCES:
         d = _read_source(root, rel, rev)
@@ -387,15 +349,15 @@ def load_engine_measurements():
 class EngineParams:
     """Free parameters of the engine model (fitted by fit_engine_params() to the measured rows)."""
     lat_us: float = 2.0          # dependent weight-chunk load latency under load (one HBM round trip per chunk)
-    lat_pf_us: float = 1.0       # the same when the task's tile was L2-prefetched by the task before (prefetch >= 1)
+    lat_pf_us: float = 1.0       # the same when the task's tile was L2-prefetched by the task before (l2_prefetch)
     warp_gbps: float = 8.0       # how fast one warp issues/drains a chunk (GB/s): cta rate = warps * this ...
     sm_gbps: float = 60.0        # ... capped at this SM's drain rate shared by its co-resident CTAs (GB/s)
     bw_frac: float = 0.85        # share of the scan's streaming bandwidth the engine can reach
     task_us: float = 0.7         # per task: decode, offsets, output store, counter release (measured ~0.7)
     spill_us: float = 0.5        # per weight chunk at 100 spilled registers (local-memory round trips) ...
     spill_pow: float = 1.5       # ... growing as (spills / 100) ** spill_pow: past ~150 the weight tile itself spills
-    pf_us: float = 0.3           # per task with prefetch on: the prefetch's fixed issue cost (task-row reads, branch)
-    pf_kb_us: float = 0.02       # per task with prefetch on and per KiB of its tile: one prefetch per 128-byte line
+    pf_us: float = 0.3           # per task with l2_prefetch: the prefetch's fixed issue cost (task-row reads, branch)
+    pf_kb_us: float = 0.02       # per task with l2_prefetch and per KiB of its tile: one prefetch per 128-byte line
     chain_us: float = 9.0        # per layer: qkv -> attention -> (merge) -> o release/acquire chain, fixed part
     refill_us: float = 2.0       # per grid barrier: pipeline drain + refill beyond the scan's barrier latency
     poll_us: float = 0.05        # per counter a task checks (targeted mode)
@@ -403,21 +365,18 @@ class EngineParams:
     token_us: float = 20.0       # per token: argmax hand-off, embedding row, token flag
 
 
-# Fitted by fit_engine_params() to the 39 rows of tune/data/h200-engine-measurements.parquet plus the 216 rows
-# of the measured sweep (SWEEP_TABLE); refit with `python -m kog.tune.simulator --fit-engine`.
+# Fitted by fit_engine_params() to the engine rows (ENGINE_TABLE) plus the measured sweep (SWEEP_TABLE); refit
+# with `python -m kog.tune.simulator --fit-engine`. Its errors: docs/simulator.md.
 ENGINE_FITTED = EngineParams(lat_us=0.7109, lat_pf_us=0.4662, warp_gbps=5.317, sm_gbps=35.36, bw_frac=1.0,
                              task_us=0.341, spill_us=1.205, spill_pow=2.131, pf_us=0.4808, pf_kb_us=0.009275,
                              chain_us=7.407, refill_us=0.1086, poll_us=0.3193, wait_chunk_us=0.07187, token_us=42.24)
-# Error (engine_calibration_error / sweep_calibration_error, bundled H200 scan): see the module docstring
-# (sweep in-sample median 5.7 % / 5-fold CV 5.9 %, Spearman 0.89 / 0.88).
 
 MIN_REGS = 96            # ASSUMED: below this register cap the kernel is taken as not runnable (never measured < 128)
 # Register demand of the compiled kernel = REG_BASE + the largest weight chunk held per thread (w), in targeted
 # mode + REG_TARGETED + TARGETED_TILE * w (the chunk's load is issued before the wait, so the tile is live across
 # the spin loop); ptxas spills SPILL_QUAD * shortfall^2 (few for a small shortfall: it first evicts cheap
-# long-lived values; many once the tile itself does not fit). FITTED BY HAND (grid search on log spills; mean abs
-# error 3.6 spills) to ptxas' numbers for the 108 distinct kernels of the measured sweep (engine/regreport.py
-# on engine/kernel.py at ea912ba: tune/data/sim-regreport-llama-3.2-1b-ea912ba.parquet, spills 0..450).
+# long-lived values; many once the tile itself does not fit). FITTED BY HAND to ptxas' numbers for the distinct
+# kernels of the measured sweep (tune/data/sim-regreport-llama-3.2-1b-ea912ba.parquet; docs/simulator.md).
 REG_BASE = 140
 REG_TARGETED = 20
 TARGETED_TILE = 0.5
@@ -475,16 +434,16 @@ def _softmax(a: float, b: float, q: float = SOFTMAX_Q) -> float:
 
 def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None,
                    params: EngineParams | None = None, *, context: int = 320, attn_split: bool = True,
-                   spills: float | None = None) -> Prediction:
+                   spills: float | None = None, l2_prefetch: int = 0) -> Prediction:
     """Predicted tok/s and CTA-averaged breakdown of the real monokernel (engine/kernel.py) for one token.
 
     Structure (what a CTA does, from engine/plan.py): per layer qkv -> attention -> o -> gate_up -> down, then
     the LM head; tasks dealt to G = sms * ctas_per_sm persistent CTAs.
       streaming: per phase, soft-max of the latency-bound time (each task: chunks x (load latency + spill
                  cost) + bytes / CTA rate, spread over G CTAs) and the bandwidth-bound time (bytes /
-                 (bw_frac * scan bandwidth)). With prefetch on, a task's tile was pulled into L2 by the task
+                 (bw_frac * scan bandwidth)). With l2_prefetch, a task's tile was pulled into L2 by the task
                  before it: its chunks see lat_pf_us instead of lat_us.
-      other:     per task task_us (+ the prefetch's issue cost: pf_us + pf_kb_us per KiB of the tile),
+      other:     per task task_us (+ with l2_prefetch the prefetch's issue cost: pf_us + pf_kb_us per KiB),
                  per token token_us; in targeted mode the wait check of every chunk (wait_chunk_us).
       waiting (targeted) per phase boundary: the scan's flag latency, the producer's tail (the last round
                  of its tasks: ceil(n/G) - n/G of a task time; an RMSNorm consumer or a counter covering all
@@ -494,7 +453,8 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
     Mapping is not modelled (round-robin vs topology: within 1.5 % on average in the measured sweep).
     `spills`: the compiler's count if known, else estimate_spills(). `attn_split`: the current engine (one
     task per KV head and cache block, the last arriver merges); False = the older per-KV-head task looping
-    over the cache."""
+    over the cache. `l2_prefetch`: the L2 prefetch distance of an older engine that had one (the calibration
+    rows measured on it); the current engine has none, so predict() leaves it 0."""
     scan = scan or load_scan()
     p = params or ENGINE_FITTED
     es = DTYPE_BYTES.get(model.dtype, 2)
@@ -508,7 +468,7 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
     G = scan.sms * cfg.ctas_per_sm
     cta_rate = min(p.warp_gbps * cfg.num_warps, p.sm_gbps / cfg.ctas_per_sm) * 1e3   # bytes/us one CTA drains
     bw = p.bw_frac * scan.bandwidth_gbps(scan.sms) * 1e3   # bytes/us the chip streams
-    lat = p.lat_pf_us if cfg.prefetch > 0 else p.lat_us     # a prefetched tile is in L2 when its task runs
+    lat = p.lat_pf_us if l2_prefetch > 0 else p.lat_us      # a prefetched tile is in L2 when its task runs
     per_chunk = lat + p.spill_us * (spills / 100.0) ** p.spill_pow
     counter_rows = cfg.sync_rows or cfg.block_k
     targeted = cfg.mode != "grid"
@@ -522,7 +482,7 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
         task_bytes = rows * K * es
         lat_bound = n / G * (chunks * per_chunk + task_bytes / cta_rate)
         bw_bound = n * task_bytes / bw
-        per_task = p.task_us + (p.pf_us + p.pf_kb_us * task_bytes / 1024 if cfg.prefetch > 0 else 0.0) \
+        per_task = p.task_us + (p.pf_us + p.pf_kb_us * task_bytes / 1024 if l2_prefetch > 0 else 0.0) \
             + (p.wait_chunk_us * chunks if targeted else 0.0)
         stream += reps * _softmax(lat_bound, bw_bound)
         other += reps * n / G * per_task
@@ -597,6 +557,7 @@ class _Row:
     spills: float
     tok_s: float
     bd: tuple[float, ...]               # measured streaming, waiting, barrier, other (s/token, untraced scale)
+    l2_prefetch: int = 0                # the L2 prefetch distance of the engine version the row measured
 
 
 def _engine_rows(df=None) -> list[_Row]:
@@ -604,18 +565,17 @@ def _engine_rows(df=None) -> list[_Row]:
     df = load_engine_measurements() if df is None else df
     out = []
     for r in df.to_dict("records"):
-        cfg = EngineConfig(**{k: r[k] for k in _CFG_FIELDS})
+        cfg = EngineConfig(**{k: r[k] for k in _CFG_FIELDS if k not in RETIRED_FIELDS})
         traced = r["bd_traced_s"]
         scale = (1.0 / r["tok_s"]) / traced if np.isfinite(traced) and traced > 0 else 1.0
         bd = tuple(float(r[f"bd_{k}"]) * scale for k in _BD_PARTS)
         out.append(_Row(preset(r["model"]), cfg, 64 + r["new_tokens"] // 2, bool(r["attn_split"]),
-                        float(r["spills"]), float(r["tok_s"]), bd))
+                        float(r["spills"]), float(r["tok_s"]), bd, int(r["prefetch"])))
     return out
 
 
 SWEEP_TABLE = Path(__file__).resolve().parent / "data" / "nvidia-h200-llama-3.2-1b-sweep.parquet"
-# The measured sweep (tune/sweep.py DEFAULT_SUBSPACE, 216 configs, engine commit ea912ba, llama-3.2-1b bf16):
-# 16-token prompt, 128 new tokens x 3 repeats (median): the cache holds 16 + 64 positions on average.
+# The measured sweep ran a 16-token prompt and 128 new tokens: the cache holds 16 + 64 positions on average.
 SWEEP_CONTEXT = 16 + 64
 
 
@@ -638,12 +598,13 @@ def _sweep_rows(df=None) -> list[_Row]:
         return []
     nan = float("nan")
     return [_Row(preset(r.get("model", "llama-3.2-1b")), to_engine_config({k: r[k] for k in PARAM_COLUMNS}),
-                 SWEEP_CONTEXT, True, nan, float(r["tok_per_s"]), (nan,) * 4) for r in df.to_dict("records")]
+                 SWEEP_CONTEXT, True, nan, float(r["tok_per_s"]), (nan,) * 4, int(r.get("prefetch", 0)))
+            for r in df.to_dict("records")]
 
 
 def _row_predict(r: _Row, scan: ScanModel, p: EngineParams, measured_spills: bool = True) -> Prediction:
     return predict_engine(r.model, r.cfg, scan, p, context=r.context, attn_split=r.attn_split,
-                          spills=r.spills if measured_spills else None)
+                          spills=r.spills if measured_spills else None, l2_prefetch=r.l2_prefetch)
 
 
 def _engine_loss(rows: list[_Row], scan: ScanModel, p: EngineParams, measured_spills: bool = True) -> float:
@@ -669,8 +630,8 @@ def _mk_engine(x: np.ndarray, base: EngineParams) -> EngineParams:
 def fit_engine_params(rows: list[_Row] | None = None, scan: ScanModel | None = None, iters: int = 3000,
                       start: EngineParams | None = None, measured_spills: bool = True) -> EngineParams:
     """Fit EngineParams to measured rows: Nelder-Mead on log-parameters, loss = mean |log(pred/meas)| of
-    tok/s + BD_WEIGHT * mean |log ratio| of the breakdown parts the row has. Default rows: the 39 engine
-    rows + the measured sweep (its spills estimated)."""
+    tok/s + BD_WEIGHT * mean |log ratio| of the breakdown parts the row has. Default rows: the engine rows
+    + the measured sweep (its spills estimated)."""
     rows = _engine_rows() + _sweep_rows() if rows is None else rows
     scan = scan or calibration_scan()
     base = start or EngineParams()
@@ -796,8 +757,8 @@ def predict(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None = None
     return predict_engine(model, cfg, scan, params, context=context, attn_split=True)
 
 
-# Tensor parallelism: defaults where the scan has no p2p tables (bench/h200x2/p2p_2026-11-29.json, 2 x H200
-# over NVLink: one-way flag 1.27 / 1.73 us, median 1.50; peer copy 657 / 662 GB/s).
+# Tensor parallelism: defaults where the scan has no p2p tables, measured on 2 x H200 over NVLink (one-way flag,
+# peer copy; docs/simulator.md).
 TP_FLAG_US = 1.5
 TP_PEER_GBPS = 660.0
 TP_EXCHANGES_PER_LAYER = 2   # after O (attention partial sums) and after down (MLP partial sums)
@@ -814,9 +775,8 @@ def predict_tp(model: ModelConfig, cfg: EngineConfig, G: int, exchange_rows: int
     G - 1 peers) over the peer bandwidth (scan p2p_gbps, else TP_PEER_GBPS); plus one flag per token for the
     ranks' pick exchange. The chunks before the last overlap with the producers' remaining tiles (that is
     what the chunking is for), so only the last chunk is counted.
-    UNCALIBRATED: no term here is fitted to TP measurements. The only TP numbers measured so far
-    (bench/h200x4/tp_check_2026-11-29.json, llama-3.2-1b, exchange_rows 256) are 1,173.4 tok/s at G=2 and
-    1,398.6 at G=4, against 890.9 single-GPU; the comparison is in tests/test_tune_tp.py."""
+    UNCALIBRATED: no term here is fitted to TP measurements (docs/simulator.md; tests/test_tune_tp.py
+    compares it with the few there are)."""
     from kog.engine.config import ConfigError
     from kog.engine.tp import shard_config
     scan = scan or load_scan()
@@ -840,7 +800,7 @@ def trial_error(rows: Iterable[dict[str, Any]], model: ModelConfig, scan: ScanMo
 
     Returns median / max abs % error over the rows with a measured tok/s and a feasible prediction."""
     scan = scan or load_scan()
-    fields = set(EngineConfig.__dataclass_fields__)
+    fields = set(EngineConfig.__dataclass_fields__) - set(RETIRED_FIELDS)
     errs = []
     for r in rows:
         meas = r.get("tok_per_s")
@@ -868,19 +828,21 @@ def _fmt_params(p) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m kog.tune.simulator [--calibration [--loo] [--cv K]] [--fit] [--fit-engine] [--extract]"""
+    """python -m kog.tune.simulator [--calibration [--loo] [--cv K]] [--fit] [--fit-engine] [--extract [CHECKOUT]]"""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m kog.tune.simulator")
-    ap.add_argument("--calibration", action="store_true", help="errors against the anchors and the engine rows")
+    ap.add_argument("--calibration", action="store_true",
+                    help="errors against the stream-ceiling rows, the engine rows and the measured sweep")
     ap.add_argument("--loo", action="store_true", help="with --calibration: leave-one-out error too (~1-2 min)")
     ap.add_argument("--cv", type=int, default=0, metavar="K",
                     help="with --calibration: K-fold cross-validated error on the measured sweep too (~1-2 min)")
-    ap.add_argument("--fit", action="store_true", help="refit the anchor (stream) parameters")
+    ap.add_argument("--fit", action="store_true", help="refit the stream model's parameters")
     ap.add_argument("--fit-engine", action="store_true", help="refit the engine parameters to the measured rows")
-    ap.add_argument("--extract", action="store_true", help=f"rebuild {ENGINE_TABLE.name} from bench/h200")
+    ap.add_argument("--extract", nargs="?", const=".", default=None, metavar="CHECKOUT",
+                    help=f"rebuild {ENGINE_TABLE.name} from the bench JSON of a kog checkout (default: .)")
     a = ap.parse_args(argv)
     if a.extract:
-        df = extract_engine_measurements()
+        df = extract_engine_measurements(a.extract)
         df.to_parquet(ENGINE_TABLE, index=False)
         print(f"{len(df)} rows -> {ENGINE_TABLE}")
     if a.fit:
@@ -893,10 +855,7 @@ def main(argv: list[str] | None = None) -> int:
         print(engine_calibration_error(fp))
         print("sweep:", sweep_calibration_error(fp))
     if a.calibration or not (a.extract or a.fit or a.fit_engine):
-        try:
-            print("stream anchors:", calibration_error())
-        except FileNotFoundError as e:
-            print("stream anchors: not available:", e)
+        print("stream ceiling:", calibration_error())
         print("engine rows:", engine_calibration_error(loo=a.loo))
         sw = sweep_calibration_error(cv=a.cv)
         if sw is None:

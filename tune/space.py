@@ -13,7 +13,7 @@ one degree is offered does suggest() sample "tp_degree" (and, for a degree > 1, 
 per cross-GPU exchange chunk), so a study without --tp keeps exactly its old parameters. The TP choices are
 not EngineConfig fields: they live in the trial params and the payload's "tp" ({"G", "exchange_rows"});
 config_from_params ignores them. check_tp() rejects before any launch (PRUNED, 'fail_reason'): a degree
-above the GPUs the search has, a mode other than targeted, pipeline_stages, a model that does not shard over
+above the GPUs the search has, a mode other than targeted, the weight ring, a model that does not shard over
 G (kog.engine.tp.shard_config), an engine config the rank's shard cannot run, and an exchange_rows that
 kog.engine.tp_monokernel.check_exchange_rows refuses. A degree-1 trial runs the single-GPU engine.
 """
@@ -51,9 +51,6 @@ class Space:
     block_k: tuple[int, ...] = BLOCK_K_CHOICES
     bn: dict[str, tuple[int, ...]] = field(default_factory=lambda: {p: BN_CHOICES for p in PHASES})
     sync_rows: tuple[int, ...] = SYNC_ROWS_CHOICES
-    prefetch: tuple[int, ...] = (0, 1, 2)        # L2 prefetch distance in tasks
-    row_prefetch: tuple[int, ...] = (0, 1)       # next task's row read during the current task (2: rows through
-                                                 # shared memory, with the ring: build_space)
     attn_block: tuple[int, ...] = ATTN_BLOCK_CHOICES
     weight_ring: tuple[int, ...] = (0,)          # build_space(ring=True): WEIGHT_RING_CHOICES
     attn_tile: tuple[int, ...] = (0,)            # build_space(ring=True): (0, 32), asked only for wider splits
@@ -71,8 +68,6 @@ class Space:
         for ph in PHASES:
             kw["bn_" + ph] = trial.suggest_categorical("bn_" + ph, list(self.bn[ph]))
         kw["sync_rows"] = trial.suggest_categorical("sync_rows", list(self.sync_rows)) if mode == "targeted" else 0
-        kw["prefetch"] = trial.suggest_categorical("prefetch", list(self.prefetch))
-        kw["row_prefetch"] = trial.suggest_categorical("row_prefetch", list(self.row_prefetch))
         kw["mapping"] = trial.suggest_categorical("mapping", list(self.mappings))
         kw["attn_block"] = trial.suggest_categorical("attn_block", list(self.attn_block))
         if len(self.attn_tile) > 1 and kw["attn_block"] > max(self.attn_tile):
@@ -113,10 +108,9 @@ def build_space(model: ModelConfig, has_scan: bool = True, ring: bool = False) -
             "down": model.hidden_size, "lm": model.vocab_size}
     bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0) or (1,) for ph in PHASES}
     maps = MAPPINGS if has_scan else tuple(m for m in MAPPINGS if m != "topology")
-    # row_prefetch 2 (task rows through shared memory) runs only with the ring
     # attn_tile: attention splits walked in tiles, so wide splits keep the ring's slots (EngineConfig.attn_tile)
     return Space(mappings=maps, bn=bn, weight_ring=WEIGHT_RING_CHOICES if ring else (0,),
-                 row_prefetch=(0, 1, 2) if ring else (0, 1), attn_tile=(0, 32) if ring else (0,))
+                 attn_tile=(0, 32) if ring else (0,))
 
 
 def resolve_model_config(spec: str) -> ModelConfig:
@@ -161,7 +155,7 @@ def check(cfg: EngineConfig, model: ModelConfig, sms: int,
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
-    from kog.probe.errors import UsageError
+    from kog.errors import UsageError
     try:
         vals = tuple(sorted({int(v) for v in str(text).split(",") if v.strip()}))
     except ValueError:
@@ -174,7 +168,7 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
 def parse_tp_degrees(text: str | None) -> tuple[int, ...]:
     """`--tp 1,2,4` -> (1, 2, 4); UsageError (one line) for a degree that is not a power of two <= MAX_TP.
     None -> (1,): no tensor parallelism, the space of a study without --tp."""
-    from kog.probe.errors import UsageError
+    from kog.errors import UsageError
     if text is None:
         return (1,)
     vals = _int_list(text, "--tp")
@@ -187,7 +181,7 @@ def parse_tp_degrees(text: str | None) -> tuple[int, ...]:
 
 def parse_exchange_rows(text: str | None) -> tuple[int, ...]:
     """`--exchange-rows 64,128` -> (64, 128); UsageError for a value that is not a power of two."""
-    from kog.probe.errors import UsageError
+    from kog.errors import UsageError
     if text is None:
         return EXCHANGE_ROWS_CHOICES
     vals = _int_list(text, "--exchange-rows")
@@ -215,8 +209,6 @@ def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int |
         raise Infeasible(f"tp_degree {G} exceeds the {gpus} GPU(s) this search has")
     if cfg.mode != "targeted":
         raise Infeasible(f"tp_degree {G} needs mode 'targeted' (the TP engine has no grid mode), not {cfg.mode!r}")
-    if cfg.pipeline_stages:
-        raise Infeasible(f"tp_degree {G} runs without pipeline_stages (the TP engine refuses it)")
     if cfg.weight_ring:
         raise Infeasible(f"tp_degree {G} runs without weight_ring (the TP engine refuses it)")
     from kog.engine.config import ConfigError
@@ -239,6 +231,8 @@ def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int |
 
 
 def config_from_params(params: dict[str, Any]) -> EngineConfig:
-    """An EngineConfig from trial params (missing knobs keep their defaults: sync_rows in grid mode)."""
-    names = set(EngineConfig.__dataclass_fields__)
+    """An EngineConfig from trial params (missing knobs keep their defaults: sync_rows in grid mode; the
+    retired fields of a study an older kog started are dropped: kog.tune.store.RETIRED_FIELDS)."""
+    from kog.tune.store import RETIRED_FIELDS
+    names = set(EngineConfig.__dataclass_fields__) - set(RETIRED_FIELDS)
     return EngineConfig(**{k: v for k, v in params.items() if k in names})

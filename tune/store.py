@@ -1,7 +1,9 @@
 """Tuned-config store: the best EngineConfig per (device, model shape, dtype, kog version), one JSON file.
 
-Location: $KOG_TUNED_DIR/tuned.json, else ~/.cache/kog/tuned.json. The engine and `kogtune bench` call
-`best_config(device_name, model_cfg)`; `kogtune show` lists the entries. Writes are atomic (temp + rename).
+Location: $KOG_TUNED_DIR/tuned.json, else ~/.cache/kog/tuned.json. `kogtune bench` and `kogtune generate` run
+`tuned_config(model_cfg, device)`: the user's stored config (best_config), else kog's own measured one
+(builtin_config), else the platform default; `kogtune show` lists the entries. Writes are atomic (temp +
+rename).
 The shape signature covers every field that changes the kernel's work (not the model's name), so a
 checkpoint and the preset of the same architecture share their tuned config.
 Only single-GPU configs are stored (what the engine runs by default): a `kogtune search --tp` whose best
@@ -19,6 +21,11 @@ from typing import Any
 from kog.engine.config import ModelConfig
 from kog.engine.engine_config import EngineConfig
 
+# EngineConfig fields of engine paths that were removed because they measured slower than the paths kept
+# (docs/engine-notes.md has the measurements). A store written by an older kog, or a study it
+# started, may still hold them: reading drops them, so such a config runs as the same config without them.
+RETIRED_FIELDS = ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop")
+
 SHAPE_FIELDS = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "attention_bias", "qk_norm", "tie_word_embeddings")
 
@@ -30,7 +37,7 @@ def store_path() -> Path:
 
 def kog_version() -> str:
     try:
-        from kog.probe import __version__
+        from kog import __version__
         return str(__version__)
     except Exception:
         return "0"
@@ -62,7 +69,7 @@ def _load(path: Path) -> dict[str, Any]:
 def save_best(device_name: str, model: ModelConfig, cfg: EngineConfig, tok_per_s: float,
               source: dict[str, Any] | None = None, only_if_better: bool = True) -> bool:
     """Store `cfg` for this key (kept if an equal-or-better one is stored already). True if written."""
-    from kog.reports.runstore import atomic_write_json
+    from kog.runstore import atomic_write_json
     import datetime as _dt
     path = store_path()
     d = _load(path)
@@ -83,6 +90,11 @@ def save_best(device_name: str, model: ModelConfig, cfg: EngineConfig, tok_per_s
     return True
 
 
+def engine_config(d: dict[str, Any]) -> EngineConfig:
+    """An EngineConfig from a stored dict, the RETIRED_FIELDS dropped (ConfigError for any other unknown field)."""
+    return EngineConfig.from_dict({k: v for k, v in d.items() if k not in RETIRED_FIELDS})
+
+
 def best_config(device_name: str, model_cfg: ModelConfig, include_simulated: bool = False) -> EngineConfig | None:
     """The stored config for this device and model shape, or None. Simulated results are not used by the
     engine unless asked (a prediction is not a measurement)."""
@@ -92,7 +104,7 @@ def best_config(device_name: str, model_cfg: ModelConfig, include_simulated: boo
     if e.get("source", {}).get("backend") == "sim" and not include_simulated:
         return None
     try:
-        return EngineConfig.from_dict(e["config"])
+        return engine_config(e["config"])
     except Exception:
         return None
 
@@ -103,16 +115,43 @@ BUILTIN = Path(__file__).resolve().parent / "data" / "builtin_tuned.json"
 def builtin_config(device_name: str, model_cfg: ModelConfig) -> EngineConfig | None:
     """kog's own measured config for this device and model shape (tune/data/builtin_tuned.json: tilings that
     sweeps on the lent H200 found and the committed bench ran, with the file that shows it), or None.
-    Matched on device, shape signature and dtype, not on kog's version. The engine consults it after the
-    user's store (best_config) and before the platform's built-in rule (kog.engine.monokernel)."""
+    Matched on device, shape signature and dtype, not on kog's version. tuned_config consults it after the
+    user's store (best_config) and before the platform's built-in rule."""
     sig = shape_signature(model_cfg)
     for e in _load(BUILTIN)["entries"].values():
         if e.get("device") == device_name and e.get("shape") == sig and e.get("dtype") == model_cfg.dtype:
             try:
-                return EngineConfig.from_dict(e["config"])
+                return engine_config(e["config"])
             except Exception:
                 return None
     return None
+
+
+def _device_name(device=None) -> str:
+    """The name the store keys configs by: the CUDA device's name, "cpu" without one."""
+    try:
+        import torch
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def tuned_config(model_cfg: ModelConfig, device=None, span: int | None = None) -> EngineConfig:
+    """The config to run `model_cfg` with on `device` for a cache of `span` positions: the user's stored config
+    (best_config), else kog's own measured one (builtin_config), the first that fits the span
+    (kog.engine.engine_config.fits); else the platform's default for that span
+    (kog.engine.monokernel.platform_default)."""
+    from kog.engine.engine_config import fits
+    name = _device_name(device)
+    for lookup in (best_config, builtin_config):
+        try:
+            cfg = lookup(name, model_cfg)
+            if cfg is not None and fits(cfg, model_cfg, span):
+                return cfg
+        except Exception:     # an unreadable entry must not stop the engine: the next source answers
+            continue
+    from kog.engine.monokernel import platform_default
+    return platform_default(model_cfg, device, span)
 
 
 def entries() -> list[dict[str, Any]]:

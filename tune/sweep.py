@@ -1,6 +1,6 @@
 """Exhaustive sweep of a sub-space of EngineConfig, measured config by config through the isolation layer.
 
-    python -m kog.tune.sweep --model llama-3.2-1b --backend gpu      # on the H200: >= 200 configs
+    python -m kog.tune.sweep --model llama-3.2-1b --backend gpu      # every config of DEFAULT_SUBSPACE
     -> tune/data/<device>-<model>-sweep.parquet  (config columns, tok_per_s, status, fail_reason, backend)
 
 `kogtune replay` replays samplers against such a table. A sweep made with --backend sim is a simulation:
@@ -17,17 +17,18 @@ from typing import Any
 
 from kog.engine.engine_config import EngineConfig
 
-# 2 x 3 x 3 x 3 x 2 x 2 = 216 configs: the knobs that matter most at batch 1 (sync, residency, tiling,
-# mapping, prefetch); the others stay at the engine's defaults. Grid mode has no counters (sync_rows 0).
+# 2 x 3 x 3 x 3 x 2 = 108 configs: the knobs that matter most at batch 1 (sync, residency, tiling, mapping);
+# the others stay at the engine's defaults. Grid mode has no counters (sync_rows 0). A table recorded by an
+# older kog may have more columns (the committed one has `prefetch`, a knob since removed from the engine):
+# to_engine_config ignores the retired ones.
 DEFAULT_SUBSPACE: dict[str, list[Any]] = {
     "mode": ["targeted", "grid"],
     "ctas_per_sm": [2, 3, 4],
     "block_k": [1024, 2048, 4096],
     "bn": [2, 4, 8],                 # bn_qkv = bn_o = bn_gate_up = bn_down
     "mapping": ["round-robin", "topology"],
-    "prefetch": [0, 1],
 }
-PARAM_COLUMNS = ("mode", "ctas_per_sm", "block_k", "bn", "mapping", "prefetch")
+PARAM_COLUMNS = tuple(DEFAULT_SUBSPACE)
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
@@ -38,11 +39,15 @@ def enumerate_subspace(sub: dict[str, list[Any]] | None = None) -> list[dict[str
 
 
 def to_engine_config(row: dict[str, Any]) -> EngineConfig:
-    kw = {k: v for k, v in row.items() if k in EngineConfig.__dataclass_fields__}
+    """The EngineConfig of a sweep row: its EngineConfig columns (the retired ones dropped:
+    kog.tune.store.RETIRED_FIELDS), bn as the tile height of every phase but the LM head."""
+    from kog.tune.store import RETIRED_FIELDS
+    names = set(EngineConfig.__dataclass_fields__) - set(RETIRED_FIELDS)
+    kw = {k: v for k, v in row.items() if k in names}
     if "bn" in row:
         b = int(row["bn"])
         kw.update(bn_qkv=b, bn_o=b, bn_gate_up=b, bn_down=b)
-    for k in ("ctas_per_sm", "block_k", "prefetch"):
+    for k in ("ctas_per_sm", "block_k"):
         if k in kw:
             kw[k] = int(kw[k])
     return EngineConfig(**kw)
@@ -261,5 +266,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from kog.probe.errors import cli_entry
+    from kog.errors import cli_entry
     sys.exit(cli_entry("kog.tune.sweep")(main)())

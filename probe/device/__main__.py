@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kog.probe.errors import cli_entry
+from kog.errors import cli_entry
 
 
 @cli_entry("kog.probe.device")

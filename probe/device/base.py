@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kog.probe.errors import NoGPUError
+from kog.errors import NoGPUError
 
 
 @dataclass

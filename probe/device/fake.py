@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Callable
 
 from kog.probe.device.base import DeviceInfo
-from kog.probe.errors import UsageError
+from kog.errors import UsageError
 
 MiB = 1 << 20
 

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kog.probe.errors import KogError
+from kog.errors import KogError
 
 # Every spin-wait in a probe kernel stops after this many polls (~0.5 us each on an H200, so about
 # 0.25 s) and writes an error record instead of hanging the GPU.

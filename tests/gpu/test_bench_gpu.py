@@ -76,7 +76,7 @@ def test_bench_llama_1b_graph_and_compile(tmp_path):
 _COMPILE_LOGITS = r"""
 import json, sys, torch
 from kog.engine.reference import Reference
-from kog.engine.bench import max_rel_err, reference_greedy
+from kog.tune.bench import max_rel_err, reference_greedy
 from kog.engine.weights import resolve_model
 cfg, w = resolve_model("llama-3.2-1b", "cuda", seed=0)
 prompt = list(range(100, 108)); n = 12

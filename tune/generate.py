@@ -1,7 +1,7 @@
 """`kogtune generate`: text in, text out, tokens streamed as they come.
 
 --mode reference runs the plain-torch Reference (CPU or GPU) with torch sampling; --mode targeted|grid runs the
-monokernel through the system registry (kog.engine.bench), which the monokernel fills when it is built.
+monokernel as the bench's system kog-targeted|kog-grid (kog.tune.bench's registry, kog.tune.systems).
 
 Sampling (reference mode; the monokernel implements the same rules in-kernel): temperature <= 0 is greedy;
 otherwise logits / temperature, then top-k (keep the k largest; 0 = off), then top-p (keep the smallest prefix
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from kog.probe.errors import NotBuiltError, UsageError
+from kog.errors import NotBuiltError, UsageError
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -76,7 +76,7 @@ def generate_reference(cfg, weights, prompt_ids: list[int], n: int, temperature=
 
 
 def _monokernel_system(mode: str, cfg, weights, device):
-    from kog.engine.bench import available_systems
+    from kog.tune.bench import available_systems
     name = f"kog-{mode}"
     factory = available_systems().get(name)
     if factory is None:
@@ -93,7 +93,7 @@ def cli_generate(args) -> int:
     from kog.engine.weights import resolve_model
 
     if args.mode != "reference":
-        from kog.engine.bench import available_systems
+        from kog.tune.bench import available_systems
         why = getattr(available_systems().get(f"kog-{args.mode}"), "not_built_reason", None)
         if why:                                  # say what is missing before asking for a GPU
             raise NotBuiltError(f"--mode {args.mode}: the monokernel is {why}")

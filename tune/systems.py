@@ -1,0 +1,63 @@
+"""The monokernel as the `kogtune bench` systems kog-targeted and kog-grid (kog.tune.bench registers them).
+
+Built on the engine's public API only (kog.engine.monokernel.Monokernel); the config comes from
+kog.tune.store.tuned_config unless one is given.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kog.tune.bench import BREAKDOWN_CATEGORIES
+
+MIN_MAX_SEQ = 64             # smallest cache an engine is built for, so short runs share one build
+BREAKDOWN_TOKENS = 48        # tokens of the instrumented run behind breakdown()
+TRACE_TOKENS = 8             # tokens the instrumented run records per task
+
+
+class KogSystem:
+    """The monokernel in one sync mode: greedy, EOS ignored (the bench times a fixed token count), the tuned
+    config for this GPU and model unless `ecfg` is given. The engine is built for the longest cache asked
+    for so far, and rebuilt (with the config for that span) when a run needs a longer one."""
+
+    def __init__(self, cfg, weights, device, mode: str, ecfg=None):
+        self.cfg, self.weights, self.device, self.mode = cfg, weights, device, mode
+        self._given = ecfg
+        self.ecfg = self._config(None)
+        self.mk = None
+        self._last_prompt: list[int] | None = None
+
+    def _config(self, span: int | None):
+        from kog.tune.store import tuned_config
+        return (self._given or tuned_config(self.cfg, self.device, span)).replace(mode=self.mode)
+
+    def _engine(self, need: int):
+        if self.mk is not None and self.mk.max_seq >= need:
+            return self.mk
+        from kog.engine.monokernel import Monokernel
+        max_seq = max(need, MIN_MAX_SEQ)
+        span = min(max_seq, self.cfg.sliding_window or max_seq)
+        self.ecfg = self._config(span)          # a long cache may need another config (fewer ring slots)
+        self.mk = Monokernel(self.cfg, self.weights, self.ecfg, self.device, max_seq=max_seq,
+                             trace_tokens=TRACE_TOKENS)
+        self.mk.n_eos = 0
+        return self.mk
+
+    def generate(self, prompt_ids, n: int):
+        self._last_prompt = list(prompt_ids)
+        return self._engine(len(self._last_prompt) + n + 1).generate(self._last_prompt, n)
+
+    def teacher_forced_logits(self, prompt_ids, forced_ids):
+        need = len(prompt_ids) + len(forced_ids) + 1
+        return self._engine(need).teacher_forced_logits(prompt_ids, forced_ids)
+
+    def breakdown(self) -> dict[str, Any]:
+        """The bench's categories per token, plus the traced rate, the per-phase numbers and the compile time;
+        the instrumented run's trace table is kept as self.trace_table."""
+        prompt = self._last_prompt or [1, 2, 3, 4]
+        mk = self._engine(len(prompt) + BREAKDOWN_TOKENS + 1)
+        b = mk.breakdown(prompt, n=BREAKDOWN_TOKENS)
+        self.trace_table = b.pop("table", None)
+        out: dict[str, Any] = {k: b[k] for k in BREAKDOWN_CATEGORIES}
+        out.update(seconds_per_token_traced=b["seconds_per_token"], phases=b.pop("phases", {}),
+                   compile_seconds=mk.compile_seconds)
+        return out
