@@ -3,40 +3,41 @@ llama-3.2-1b in both sync modes (compile time, teacher-forced error, greedy agre
 and a small tiling sweep. Writes $OUT/engine_check.json as it goes (partial results survive a timeout).
 
 python3 bench/engine_check.py [--quick] [--model PRESET (the sweep's model; default llama-3.2-1b)]
-    [--sweep-only --grid-json '[{...}]' [--check --ref-fp32] [--save-timeline [--attn-stamps]]]
+    [--sweep-only --grid-json '[{...}]' [--check --ref-fp32] [--save-timeline [--attn-stamps]]] [--tag NAME]
+
+Same-run comparisons of two versions of the code: run this script from each checkout in one device call
+(each installed in its own --target folder, PYTHONPATH pointing at it), --tag naming the output file.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 import traceback
-from unittest.mock import patch
-
 import torch
 
-from kog.engine.bench import first_divergence, max_rel_err as rel_err, reference_fp32_logits
 from kog.engine.config import PRESETS
 from kog.engine.engine_config import EngineConfig
 from kog.engine.monokernel import Monokernel
 from kog.engine.reference import Reference
 from kog.engine.weights import random_weights
+from kog.provenance import git_commit, package_versions, source_digest
+from kog.tune.bench import first_divergence, max_rel_err as rel_err, reference_fp32_logits
 
 OUT = os.environ.get("OUT", "/tmp")
-from kog.reports.runstore import git_commit, package_versions, source_digest   # noqa: E402
+TAG = sys.argv[sys.argv.index("--tag") + 1] if "--tag" in sys.argv else "engine_check"
 
 # provenance of every file this writes: the date, the device, the commit (KOG_GIT_COMMIT on a device copy),
-# the versions (the JSON committed before 2026-11-29 22:00 had only date and torch)
+# the versions
 R: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "git_commit": git_commit(), "source_digest": source_digest(), "versions": package_versions()}
 
 
 def save():
-    with open(f"{OUT}/engine_check.json", "w") as f:
+    with open(f"{OUT}/{TAG}.json", "w") as f:
         json.dump(R, f, indent=1, default=str)
 
 
@@ -115,18 +116,6 @@ def _():
     return {"GBps": copy_GBps()}
 
 
-def plan_toggles(g):
-    """(EngineConfig overrides, plan-module flags) of one sweep entry: keys starting with "_" name flags of
-    kog.engine.plan set during that entry ("_ATTN_COUNTER_PER_GROUP": true measures the layout before
-    2026-12-01 in the same run)."""
-    return {k: v for k, v in g.items() if not k.startswith("_")}, {k[1:]: v for k, v in g.items() if k.startswith("_")}
-
-
-def plan_flags(flags):
-    """The plan-module flags of one sweep entry, set for a `with` block (none: nothing to patch)."""
-    return patch.multiple("kog.engine.plan", **flags) if flags else contextlib.nullcontext()
-
-
 def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
     cfg, w = llama_1b()
     prompt = list(range(100, 164))
@@ -146,7 +135,7 @@ def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
         b = mk.breakdown(prompt, n=32)
         table = b.pop("table", None)
         attn = b.pop("attn_table", None)
-        if timeline and table is not None:     # the raw per-task trace, for bench/layer_anatomy-style analysis
+        if timeline and table is not None:     # the raw per-task trace, for kog.reports.layer_anatomy
             table.assign(system=timeline).to_parquet(f"{OUT}/timeline_{timeline}.parquet")
         if timeline and attn is not None:
             attn.to_parquet(f"{OUT}/attn_{timeline}.parquet")
@@ -195,45 +184,7 @@ def _():
     return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
 
 
-@section("alt_kernel")
-def _():
-    """A/B in the same run: other kernel files (--alt FILE, repeatable: edited copies of engine/kernel.py) under
-    the same launcher, each over the configs of --alt-grid (a JSON list of EngineConfig overrides; default:
-    the defaults, grid mode and a 4-row tiling); main's kernel is measured on the same configs first.
-    --alt-check: each also gets the sweep's teacher-forced check."""
-    if "--alt" not in sys.argv:
-        return {}
-    import importlib.util
-    import kog.engine.kernel as kmod
-    paths = [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--alt"]
-    B4 = dict(bn_qkv=4, bn_o=4, bn_gate_up=4, bn_down=4, bn_lm=4)
-    grid = [dict(), dict(mode="grid"), B4]
-    if "--alt-grid" in sys.argv:
-        grid = json.loads(sys.argv[sys.argv.index("--alt-grid") + 1])
-    cur = kmod.monokernel
-    out = {}
-    for path in ["main"] + paths:
-        if path != "main":
-            spec = importlib.util.spec_from_file_location("kernel_alt", path)
-            alt = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(alt)
-            kmod.monokernel = alt.monokernel
-        try:
-            for g in grid:
-                key = os.path.basename(path) + ":" + (",".join(f"{k}={v}" for k, v in g.items()) or "default")
-                ov, flags = plan_toggles(g)
-                try:
-                    with plan_flags(flags):
-                        out[key] = perf(EngineConfig(**ov), n=256, repeats=3, trace="--alt-trace" in sys.argv)
-                        if "--alt-check" in sys.argv:    # teacher-forced error and greedy agreement, per kernel
-                            out[key].update(teacher_check(EngineConfig(**ov)))
-                except Exception as e:
-                    out[key] = {"error": repr(e)[:500]}
-                print(key, json.dumps(out[key], default=str)[:300], flush=True)
-                save()
-        finally:
-            kmod.monokernel = cur
-    return out
+REPEATS = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 2
 
 
 @section("sweep")
@@ -250,27 +201,23 @@ def _():
         grid = json.loads(sys.argv[sys.argv.index("--grid-json") + 1])
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
-        ov, flags = plan_toggles(g)
         tl_name = ("t%d" % len(out)) if "--save-timeline" in sys.argv else None
         try:
-            with plan_flags(flags):
-                out[key] = perf(EngineConfig(**ov), n=256, repeats=2, trace=tl_name is not None, timeline=tl_name)
-                if "--check" in sys.argv:  # teacher-forced error and greedy agreement over 32 tokens, per config
-                    out[key].update(teacher_check(EngineConfig(**ov)))
+            out[key] = perf(EngineConfig(**g), n=256, repeats=REPEATS, trace=tl_name is not None, timeline=tl_name)
+            if "--check" in sys.argv:  # teacher-forced error and greedy agreement over 32 tokens, per config
+                out[key].update(teacher_check(EngineConfig(**g)))
         except Exception as e:
             out[key] = {"error": repr(e)[:500]}
         print(key, out[key], flush=True)
         save()
-    ok = {k: v for k, v in out.items() if "tok_s" in v}
+    ok = {k: v for k, v in out.items() if "tok_s" in v and "--no-best" not in sys.argv}
     for mode in ("targeted", "grid"):
         cand = {k: v for k, v in ok.items() if ("mode=grid" in k) == (mode == "grid")}
         if cand:
             best = max(cand, key=lambda k: cand[k]["tok_s"])
             g = grid[list(out).index(best)]
-            ov, flags = plan_toggles(g)
             try:
-                with plan_flags(flags):
-                    out["best-" + mode] = {"config": g, **perf(EngineConfig(**ov), n=256, repeats=3, trace=True)}
+                out["best-" + mode] = {"config": g, **perf(EngineConfig(**g), n=256, repeats=3, trace=True)}
             except Exception as e:
                 out["best-" + mode] = {"error": repr(e)[:500]}
             print("best", mode, json.dumps(out["best-" + mode], default=str)[:1500], flush=True)
@@ -281,7 +228,7 @@ def _():
         import torch as _t
         from kog.tune.store import save_best
         os.environ["KOG_TUNED_DIR"] = sys.argv[sys.argv.index("--store-best") + 1]
-        g = plan_toggles(out["best-targeted"]["config"])[0]
+        g = out["best-targeted"]["config"]
         cfg, _ = llama_1b()
         save_best(_t.cuda.get_device_name(0), cfg, EngineConfig(**g), out["best-targeted"]["tok_s"],
                   source={"backend": "gpu", "from": "bench/engine_check.py sweep"}, only_if_better=False)

@@ -46,10 +46,11 @@ os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 import torch  # noqa: E402
 
-from kog.engine.bench import copy_bandwidth_GBps, first_divergence, max_rel_err  # noqa: E402
+from kog.tune.bench import copy_bandwidth_GBps, first_divergence, max_rel_err  # noqa: E402
 from kog.engine.config import preset  # noqa: E402
 from kog.engine.engine_config import EngineConfig  # noqa: E402
-from kog.engine.monokernel import Monokernel, _default_config  # noqa: E402
+from kog.engine.monokernel import Monokernel  # noqa: E402
+from kog.tune.store import tuned_config  # noqa: E402
 from kog.engine.reference import Reference  # noqa: E402
 from kog.engine.tp_monokernel import TPMonokernel  # noqa: E402
 from kog.engine.tp_plan import plan_summary  # noqa: E402
@@ -110,7 +111,7 @@ def main() -> int:
     ngpu = 2 if a.smoke else torch.cuda.device_count()
     gs = [int(g) for g in a.gs.split(",")] if a.gs else [g for g in (1, 2, 4) if g <= ngpu]
     from kog.probe.device import detect
-    from kog.reports.runstore import git_commit, package_versions
+    from kog.provenance import git_commit, package_versions
     try:
         devs = [d.to_dict() for d in detect()]
     except Exception as e:
@@ -145,7 +146,7 @@ def main() -> int:
                  weight_bytes_per_token=wbpt, limit_tok_per_s=(copy * 1e9 / wbpt) if copy else None,
                  num_kv_heads=cfg.num_kv_heads, systems={})
         S = M["systems"]
-        ecfg = _default_config(cfg, dev0).replace(mode="targeted")
+        ecfg = tuned_config(cfg, dev0).replace(mode="targeted")
         if ecfg.mapping == "topology":     # needs a kogprobe scan's SM map, which this script does not load
             ecfg = ecfg.replace(mapping="round-robin")
         if a.smoke:

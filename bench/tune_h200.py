@@ -1,4 +1,4 @@
-"""Device script: the exhaustive sweep of kog.tune.sweep.DEFAULT_SUBSPACE (216 configs) on the GPU, then a
+"""Device script: the exhaustive sweep of kog.tune.sweep.DEFAULT_SUBSPACE (108 configs) on the GPU, then a
 60-trial `kogtune search` (TPE, the default sampler) of the same model, in one device call.
 
     python3 bench/tune_h200.py [--model llama-3.2-1b] [--budget-s 520]
@@ -11,7 +11,7 @@ versions, and the git commit from $KOG_GIT_COMMIT.
 
 How the time is spent. Every trial runs in a warm worker process (kog.tune.isolation.WarmWorker: torch,
 the CUDA context, the random weights and the reference logits are made once per process; a crash, hang,
-OOM or CUDA error fails that trial and replaces the process). The sweep's 36 x 3 distinct kernels compile
+OOM or CUDA error fails that trial and replaces the process). The sweep's distinct kernels compile
 in parallel compile-only processes (--compile-processes) while the measuring worker already measures the
 configs whose kernel is ready (the engine default's kernel first). The search asks 8 trials at a time and
 compiles the next 8 while measuring.

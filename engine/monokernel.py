@@ -24,7 +24,7 @@ from kog.engine.engine_config import EngineConfig, sm90_default
 from kog.engine.kernel.sampling import sample_mode
 from kog.engine.kernel.vendor import INTERPRET, NVIDIA, ctas_per_sm_fit, vendor_code
 from kog.engine.plan import Plan, check_plan, make_plan
-from kog.probe.errors import KogError
+from kog.errors import KogError
 
 
 class MonokernelError(KogError):

@@ -35,7 +35,7 @@ from typing import Any
 
 from kog.engine.config import ModelConfig
 from kog.engine.engine_config import EngineConfig
-from kog.probe.errors import KogError, UsageError, cli_entry
+from kog.errors import KogError, UsageError, cli_entry
 
 PROG = "python -m kog.engine.regreport"
 

@@ -19,7 +19,7 @@ The sum is taken in fixed rank order 0, 1, .., G-1 on every rank, in float32, so
 same residual stream (and the same sampled token) without a broadcast. Sampling is vocab parallel: each rank
 picks its local best (score, global token id), then every rank takes the max of the G candidates, ties to the
 lowest id -- exactly torch.argmax's choice over the full vocabulary, and the Gumbel-max sampler of
-kog.engine.sampling keys its noise by the global token id, so seeded sampling shards the same way.
+kog.engine.kernel.sampling keys its noise by the global token id, so seeded sampling shards the same way.
 
 Vocabulary padding (pad_vocab=True, off by default): when G does not divide V, the LM head is padded with zero
 rows to Vp = the next multiple of G * vocab_multiple; the padded tokens' logits are forced to -inf (the kernel

@@ -51,7 +51,7 @@ from kog.engine.reference import rms_norm
 from kog.engine.tp import TPReference, all_reduce_partials, shard_config, shard_weights, tp_shape
 from kog.engine.tp_plan import T_XSAMPLE, TPPlan, _name, _obj_name, check_tp_plan, make_tp_plan, rank_rows
 from kog.engine.weights import Weights
-from kog.probe.errors import KogError
+from kog.errors import KogError
 
 # NVLink multicast stays off for anything this process starts (NCCL, torch symmetric memory, NVSHMEM)
 os.environ["NCCL_NVLS_ENABLE"] = "0"

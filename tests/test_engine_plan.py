@@ -67,7 +67,7 @@ def test_attention_counters_by_sync_rows():
 
 def test_topology_mapping_uses_the_probe_partitions():
     from kog.probe import bundled_scan_path
-    from kog.reports.runstore import open_run
+    from kog.runstore import open_run
     part = open_run(bundled_scan_path()).table("l2_partition")
     sm_partition = dict(zip(part["sm"].astype(int), part["partition"].astype(int)))
     e = EngineConfig(mapping="topology")

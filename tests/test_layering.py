@@ -31,19 +31,8 @@ MAY_IMPORT = {
 }
 DYNAMIC = {"import_module", "import_command"}      # calls whose first argument names a module to import
 
-# (file, imported module): imports the engine's owner removes as his rewrite of these files merges.
-KNOWN = {
-    # engine/monokernel.py: KogSystem, _default_config and _register (now kog.tune.systems, kog.tune.store,
-    # kog.tune.bench) and the old home of KogError
-    ("engine/monokernel.py", "kog.tune.store"),
-    ("engine/monokernel.py", "kog.probe.errors"),
-    # engine/tp_monokernel.py, engine/regreport.py: KogError, UsageError, cli_entry now live in kog.errors
-    ("engine/tp_monokernel.py", "kog.probe.errors"),
-    ("engine/regreport.py", "kog.probe.errors"),
-    # engine/bench.py: the re-export of kog.tune.bench's helpers, kept while bench/*.py and
-    # tests/gpu/test_ring_gpu.py import them from kog.engine.bench; delete it with them
-    ("engine/bench.py", "kog.tune.bench"),
-}
+# (file, imported module): known exceptions, each with its reason; the test fails on an entry whose import is gone
+KNOWN: set[tuple[str, str]] = set()
 
 
 def part_of(module: str) -> str | None:

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from kog.engine.sampling import sample_tokens
+from kog.engine.kernel.sampling import sample_tokens
 
 
 def logits(v=8, seed=0):

@@ -2,10 +2,7 @@
 the reference's greedy tokens until its first near-tie and teacher-forced logits within the bf16 gate, in
 both sync modes, for llama / qwen2 (bias, K not a multiple of the chunk) / qwen3 shapes; and a ring the SMs
 cannot hold is a clear error. Runs in a subprocess without TRITON_INTERPRET (tests/conftest.py sets it for
-the CPU suite). Passed on the lent H200 at 40c3970, 4bed711 and 3d651d6 (with the row_prefetch and ring L2
-prefetch variants and the one-tile gate_up), f7eb537 (with the 4-row gate_up's one-chunk tasks and the
-normed-input cache), 07f40b1 (the whole tests/gpu suite: 9 passed, the 2-GPU test skipped) and b7ef15a
-(qkv handed to attention as token-tagged words)."""
+the CPU suite)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +17,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 SCRIPT = r"""
 import json, torch
-from kog.engine.bench import max_rel_err
+from kog.tune.bench import max_rel_err
 from kog.engine.config import ConfigError, PRESETS
 from kog.engine.engine_config import EngineConfig
 from kog.engine.monokernel import Monokernel
@@ -39,18 +36,16 @@ out = {}
 prompt = list(range(7, 27))
 for name, cfg in variants.items():
     w = random_weights(cfg, "cuda", seed=4, dtype=torch.bfloat16)
-    # the oracle: the reference computed in float32 over the bf16 weights (kog.engine.bench's max_rel_err)
+    # the oracle: the reference computed in float32 over the bf16 weights (kog.tune.bench's max_rel_err)
     ref = Reference(cfg, w, 128, compute_dtype=torch.float32).greedy(prompt, 20)
     rl = Reference(cfg, w, 128, compute_dtype=torch.float32).teacher_forced_logits(prompt, ref).float()
     for mode in ("targeted", "grid"):
-        # the last: gate_up at half the rows, so its chunks are twice as wide (one [8, 256] chunk spans K)
-        # row_prefetch 2: task rows in blocks through shared memory
-        for ring, bk, rowpf, pf, bgu in ((3, 256, 1, 2, 8), (2, 128, 0, 0, 8), (3, 256, 1, 0, 4), (2, 128, 2, 0, 8),
-                                         (3, 256, 2, 0, 4)):
+        # gate_up at half the rows: its chunks are twice as wide (one [8, 256] chunk spans K)
+        for ring, bk, bgu in ((3, 256, 8), (2, 128, 8), (3, 256, 4)):
             if bgu != 8 and mode == "grid":
                 continue
             e = EngineConfig(mode=mode, weight_ring=ring, block_k=bk, bn_qkv=8, bn_o=8, bn_gate_up=bgu, bn_down=8,
-                             bn_lm=8, row_prefetch=rowpf, prefetch=pf)
+                             bn_lm=8)
             mk = Monokernel(cfg, w, e, max_seq=128)
             mk.n_eos = 0
             toks, _ = mk.generate(prompt, 20)
@@ -59,8 +54,8 @@ for name, cfg in variants.items():
             top2 = rl.topk(2, -1).values
             gap = ((top2[:, 0] - top2[:, 1]) / rl.abs().max(-1).values).tolist()
             lim = next((i for i, g in enumerate(gap) if g < 4e-2), len(ref))
-            out[f"{name}/{mode}/ring{ring}/bk{bk}/gu{bgu}/rows{rowpf}"] = {"tokens_equal": toks[:lim] == ref[:lim], "checked": lim,
-                                                       "rel_err": max_rel_err(ml, rl)}
+            out[f"{name}/{mode}/ring{ring}/bk{bk}/gu{bgu}"] = {"tokens_equal": toks[:lim] == ref[:lim], "checked": lim,
+                                                               "rel_err": max_rel_err(ml, rl)}
 try:
     Monokernel(variants["llama"], w if False else random_weights(variants["llama"], "cuda", seed=1),
                EngineConfig(weight_ring=16, block_k=2048, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8, bn_lm=8),
