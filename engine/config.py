@@ -226,6 +226,13 @@ PRESETS: dict[str, ModelConfig] = {
     # HuggingFaceTB/SmolLM2-1.7B
     "smollm2-1.7b": ModelConfig("llama", 49152, 2048, 8192, 24, 32, 32, 64, 1e-5, 130000.0, None,
                                 True, False, False, 8192, 0, (0,), name="smollm2-1.7b"),
+    # Qwen/Qwen2.5-3B
+    "qwen2.5-3b": ModelConfig("qwen2", 151936, 2048, 11008, 36, 16, 2, 128, 1e-6, 1000000.0, None,
+                              True, True, False, 32768, 151643, (151643,), name="qwen2.5-3b"),
+    # meta-llama/Llama-3.1-8B
+    "llama-3.1-8b": ModelConfig("llama", 128256, 4096, 14336, 32, 32, 8, 128, 1e-5, 500000.0,
+                                {**_LLAMA3_ROPE, "factor": 8.0}, False, False, False, 131072, 128000, (128001,),
+                                name="llama-3.1-8b"),
     # princeton-nlp/Sheared-LLaMA-2.7B: the ~2B-class model (2.7B, untied embeddings, head_dim 128)
     "sheared-llama-2.7b": ModelConfig("llama", 32000, 2560, 6912, 32, 20, 20, 128, 1e-5, 10000.0, None,
                                       False, False, False, 4096, 1, (2,), name="sheared-llama-2.7b"),

@@ -17,6 +17,9 @@ def test_presets_validate_and_sizes():
     assert abs(c.num_params() - 1.2358e9) / 1.2358e9 < 1e-3            # Llama-3.2-1B's published count
     assert c.weight_bytes_per_token() == 2471632896
     assert c.replace(dtype="float32").weight_bytes_per_token() == 2 * c.weight_bytes_per_token()
+    # the published parameter counts of the checkpoints the presets copy
+    for name, params in (("qwen2.5-3b", 3.09e9), ("llama-3.1-8b", 8.03e9), ("llama-3.2-3b", 3.21e9)):
+        assert abs(preset(name).num_params() - params) / params < 5e-3, name
 
 
 def test_rope_v4_and_v5_layouts_agree():

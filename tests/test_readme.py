@@ -51,35 +51,36 @@ def test_there_is_a_committed_bench():
 
 
 def test_table_figures_equal_the_bench_json():
+    """One row per committed bench: kog-targeted's median and spread, its share of the limit, the fastest
+    non-kog system of the same run and kog's ratio to it, kog-grid, the error against float32."""
     benches = committed_benches()
     rows = readme_rows(README)
     assert rows, "the results table is empty"
-    for col in ("model", "system", "tok/s", "% of limit", "limit tok/s", "copy GB/s", "max_rel_err", "source"):
+    for col in RT.COLUMNS:
         assert col in rows[0], f"results table has no '{col}' column"
     seen = set()
     for r in rows:
         src = r["source"].strip("`")
         assert src in benches, f"README row names {src}, which is not a committed bench JSON"
         doc = benches[src]
+        seen.add(src)
         assert r["model"] == doc["model"]
-        s = doc["systems"][r["system"]]
-        seen.add((src, r["system"]))
-        limit = doc["limit_tok_per_s"]
+        tg, limit = doc["systems"]["kog-targeted"], doc["limit_tok_per_s"]
         assert num(r["limit tok/s"]) == pytest.approx(limit, abs=0.5), r
-        assert num(r["copy GB/s"]) == pytest.approx(doc["copy_GBps"], abs=0.5), r
-        if s.get("tok_per_s") is None:
-            assert num(r["tok/s"]) is None and num(r["% of limit"]) is None, r
-        else:
-            assert num(r["tok/s"]) == pytest.approx(s["tok_per_s"], abs=0.05 + 1e-9), r
-            assert num(r["% of limit"]) == pytest.approx(100 * s["tok_per_s"] / limit, abs=0.05 + 1e-9), r
-        err = rel_errs(doc, s)[0]            # against the float32 reference, in either bench layout
-        if err is None:
-            assert num(r["max_rel_err"]) is None, r
-        else:
-            assert num(r["max_rel_err"]) == pytest.approx(err, rel=6e-3), r
-    every = {(src, name) for src, doc in benches.items() for name in doc["systems"]}
-    assert seen == every, f"README table lacks {sorted(every - seen)} or has extra {sorted(seen - every)}: " \
-                          "run python -m kog.reports.readme_table --write README.md bench/h200/*.json"
+        assert num(r["kog-targeted tok/s"]) == pytest.approx(tg["tok_per_s"], abs=0.05 + 1e-9), r
+        assert num(r["% of limit"]) == pytest.approx(100 * tg["tok_per_s"] / limit, abs=0.05 + 1e-9), r
+        runs = tg["runs_tok_per_s"]
+        lo, hi = (num(x) for x in r["spread"].split("–"))
+        assert lo == pytest.approx(min(runs), abs=0.05) and hi == pytest.approx(max(runs), abs=0.05), r
+        base = {k: v["tok_per_s"] for k, v in doc["systems"].items()
+                if k not in RT.KOG and v.get("tok_per_s") is not None}
+        name, tps = r["fastest baseline"].rsplit(" ", 1)
+        assert name == max(base, key=base.get) and num(tps) == pytest.approx(max(base.values()), abs=0.05), r
+        assert num(r["kog / fastest"].rstrip("x")) == pytest.approx(tg["tok_per_s"] / max(base.values()), abs=0.005)
+        assert num(r["kog-grid tok/s"]) == pytest.approx(doc["systems"]["kog-grid"]["tok_per_s"], abs=0.05), r
+        assert num(r["max_rel_err"]) == pytest.approx(rel_errs(doc, tg)[0], rel=6e-3), r
+    assert seen == set(benches), f"README table lacks {sorted(set(benches) - seen)}: run python -m " \
+                                 "kog.reports.readme_table --write README.md bench/h200/*.json"
 
 
 def test_generated_block_is_current():
@@ -90,12 +91,7 @@ def test_generated_block_is_current():
         "README's results block is stale: python -m kog.reports.readme_table --write README.md bench/h200/*.json"
 
 
-def test_status_line_agrees_with_the_target():
-    doc = committed_benches()["bench/h200/llama-3.2-1b.json"]
-    tps = (doc["systems"].get("kog-targeted") or {}).get("tok_per_s") or 0.0
-    says_not_met = bool(re.search(r"is\s+not met yet", README))
-    assert says_not_met == (tps < RT.TARGET_TOK_PER_S), \
-        f"kog-targeted measured {tps:.1f} tok/s: README's status line must say whether the 1,200 target is met"
+def test_the_readme_says_plainly_that_mi300x_is_unverified():
     assert re.search(r"MI300X[^.]*unverified", README), "README must say MI300X is unverified"
 
 
@@ -116,7 +112,8 @@ def test_readme_table_cli(tmp_path, capsys):
     assert RT.main([str(src), str(junk)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(RT.BEGIN) and "| 1,234.6 |" in out and "sweep.json" not in out
-    assert "`kog-targeted` >= 1,200 tok/s: met" in out
+    assert "`kog-targeted` >= 85% of the limit: **not met** (1,234.6 tok/s" in out
+    assert "`kog-targeted` >= 1.50x the fastest baseline of the run: met (1,234.6 vs torch-compile's 691.4" in out
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{RT.BEGIN}\nold\n{RT.END}\n\ntail\n")
     assert RT.main(["--write", str(readme), str(src)]) == 0

@@ -9,11 +9,16 @@ steps run, each feeding one token and producing the next, and `seconds` times ex
 first step's launch to the n-th token being ready on the device; tokens are read back after the clock stops).
 tok/s = n / seconds.
 
-    reference-eager   the plain-torch Reference, one decode_step per token, launched eagerly
-    cuda-graph        the same decode step captured once in a torch.cuda.CUDAGraph and replayed per token
-    torch-compile     torch.compile(decode step, mode="reduce-overhead", fullgraph=True), gpt-fast style
+    torch-compile     the gpt-fast way (kog.tune.gptfast): fused qkv and gate/up weights, SDPA with grouped
+                      heads over a static cache, argmax in the graph, torch.compile(mode="reduce-overhead",
+                      fullgraph=True) with coordinate-descent tuning
+    hf-compile        transformers' documented fast path: a static cache and torch.compile of the model's forward
+                      (mode="reduce-overhead", fullgraph=True), model.generate
+    cuda-graph        the plain Reference's decode step captured once in a torch.cuda.CUDAGraph, replayed per token
     hf-transformers   transformers' own *ForCausalLM built from the same weights, model.generate (greedy,
                       static cache where it works); decode timed from the first new token to the last
+    reference-eager   the plain-torch Reference, one decode_step per token, launched eagerly (not benched by
+                      default: every other system beats it)
 """
 from __future__ import annotations
 
@@ -136,32 +141,55 @@ class CudaGraph(ReferenceEager):
         return self.out[p0:p0 + n].tolist(), dt
 
 
-class TorchCompile(ReferenceEager):
-    """gpt-fast: the decode step (forward + argmax) under torch.compile(mode="reduce-overhead")."""
+class TorchCompile:
+    """gpt-fast: the fused decode step (kog.tune.gptfast.FusedDecoder: forward + argmax) under
+    torch.compile(mode="reduce-overhead", fullgraph=True), the KV cache sized for the run; tokens stay on the
+    device, the loop is a plain Python loop over compiled steps (CUDA graph replays)."""
 
     name = "torch-compile"
     warmup_steps = 4
 
-    def _built(self, ref: Reference) -> None:
-        def step(tok, pos):
-            return torch.argmax(ref._forward(tok, pos, ref.max_seq)[0]).view(1)
+    def __init__(self, cfg: ModelConfig, weights: Weights, device):
+        self.cfg, self.w, self.device = cfg, weights, torch.device(device)
+        self.model = None
 
-        self.step = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-        dev = self.device
-        tok = torch.zeros(1, dtype=torch.long, device=dev)
-        pos = torch.zeros(1, dtype=torch.long, device=dev)
+    def _decoder(self, need: int):
+        from kog.tune.gptfast import FusedDecoder, configure_inductor
+        if self.model is None or self.model.max_seq < need:
+            configure_inductor()
+            self.model = FusedDecoder(self.cfg, self.w, _round_up(need))
+            self.step = torch.compile(self.model.step, mode="reduce-overhead", fullgraph=True)
+            tok = torch.zeros(1, dtype=torch.long, device=self.device)
+            pos = torch.zeros(1, dtype=torch.long, device=self.device)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for _ in range(self.warmup_steps):   # compile, then let cudagraph trees record
+                    tok.copy_(self.step(tok, pos))
+                    pos.add_(1)
+            _sync(self.device)
+            self.compile_seconds = time.perf_counter() - t0
+        return self.model
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, n: int):
+        prompt = list(prompt_ids)
+        m = self._decoder(len(prompt) + n)
+        m.reset()
+        if len(prompt) > 1:                      # the prefill, eager and untimed
+            m.forward(torch.tensor(prompt[:-1], device=self.device), torch.arange(len(prompt) - 1,
+                                                                                    device=self.device))
+        tok = torch.tensor([prompt[-1]], dtype=torch.long, device=self.device)
+        pos = torch.tensor([len(prompt) - 1], dtype=torch.long, device=self.device)
+        out = torch.empty(n, dtype=torch.long, device=self.device)
+        _sync(self.device)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            for _ in range(self.warmup_steps):   # compile, then let cudagraph trees record
-                nxt = self.step(tok, pos)
-                tok.copy_(nxt)
-                pos.add_(1)
-        _sync(dev)
-        self.compile_seconds = time.perf_counter() - t0
-        ref.reset()
-
-    def _next(self, ref: Reference, tok, pos):
-        return self.step(tok, pos)          # the compiled forward + argmax; the loop is ReferenceEager's
+        for j in range(n):
+            nxt = self.step(tok, pos)
+            out[j:j + 1].copy_(nxt)               # out of the graph's output buffer before the next replay
+            tok.copy_(nxt)
+            pos.add_(1)
+        _sync(self.device)
+        return out.tolist(), time.perf_counter() - t0
 
 
 def build_hf_model(cfg: ModelConfig, weights: Weights, device):
@@ -237,8 +265,26 @@ class HFTransformers:
         return self._run(prompt, n)
 
 
+class HFCompile(HFTransformers):
+    """transformers' documented fast path (its "static cache and torch.compile" recipe): the generation config's
+    cache is static and the model's forward is compiled with mode="reduce-overhead", fullgraph=True; then
+    model.generate as hf-transformers times it. The first generate of a cache size compiles (the bench's
+    warm-up)."""
+
+    name = "hf-compile"
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, device):
+        super().__init__(cfg, weights, device)
+        self.model.generation_config.cache_implementation = "static"
+        self.model.forward = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+
+    def generate(self, prompt_ids, n: int):
+        return self._run(list(prompt_ids), n)
+
+
 BASELINES = {
     "torch-compile": TorchCompile,
+    "hf-compile": HFCompile,
     "cuda-graph": CudaGraph,
     "hf-transformers": HFTransformers,
     "reference-eager": ReferenceEager,

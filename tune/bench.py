@@ -39,12 +39,19 @@ from kog.errors import KogError, NotBuiltError, UsageError
 _REGISTRY: dict[str, Callable] = {}
 KOG_SYSTEMS = {"kog-targeted": "targeted", "kog-grid": "grid"}     # system -> sync mode
 # Baselines first: a monokernel that faults the CUDA context then cannot take the baselines' numbers with it.
-DEFAULT_SYSTEMS = ("torch-compile", "cuda-graph", "reference-eager", "hf-transformers", "kog-grid", "kog-targeted")
+DEFAULT_SYSTEMS = ("torch-compile", "hf-compile", "cuda-graph", "hf-transformers", "kog-grid", "kog-targeted")
 BREAKDOWN_CATEGORIES = ("streaming", "waiting", "barrier", "other")
 # The instrumented run's trace goes into the run as table `timeline`: whole traced tokens, at most this
 # many rows per system (at least one token), so a bench run stays a few MB and its report draws quickly.
 TIMELINE_ROWS_PER_SYSTEM = 100_000
 HF_MAX_TOKENS = 64      # HF generate is slow at batch 1: its rate is measured over fewer tokens
+# a greedy token that leaves the reference's is accepted where the reference's top two logits there are
+# closer than this share of its largest |logit| (a near-tie: rounding decides, not a wrong model)
+NEAR_TIE = 2e-2
+# NVML's clock event (throttle) reasons, by bit
+CLOCK_REASONS = {0x1: "idle", 0x2: "applications clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
+                 0x10: "sync boost", 0x20: "software thermal", 0x40: "hardware thermal", 0x80: "power brake",
+                 0x100: "display clock"}
 
 
 def register_system(name: str, factory: Callable) -> None:
@@ -135,6 +142,64 @@ def copy_bandwidth_GBps(device, nbytes: int = 2 << 30, iters: int = 20) -> float
     return 2 * nbytes / (statistics.median(ms) * 1e-3) / 1e9
 
 
+def gpu_state(device) -> dict | None:
+    """The GPU's SM and memory clocks (MHz), clock event (throttle) reasons, temperature (C) and power (W) now,
+    through NVML (nvidia-smi where the Python binding is missing); None off NVIDIA or when neither answers."""
+    import torch
+    dev = torch.device(device)
+    if dev.type != "cuda" or getattr(torch.version, "hip", None):
+        return None
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            get_reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            mask = int(get_reasons(h))
+            state = {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                     "mem_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                     "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                     "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0}
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        state = _smi_state(index)
+        if state is None:
+            return None
+        mask = state.pop("reasons_mask")
+    state["clock_event_reasons"] = [name for bit, name in CLOCK_REASONS.items() if mask & bit]
+    state["clock_event_mask"] = mask
+    return state
+
+
+def _smi_state(index: int) -> dict | None:
+    import subprocess
+    q = "clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_event_reasons.active"
+    try:
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits", "-i", str(index)],
+                           capture_output=True, text=True, timeout=20)
+        sm, mem, temp, power, mask = (x.strip() for x in r.stdout.strip().split(","))
+        return {"sm_mhz": int(float(sm)), "mem_mhz": int(float(mem)), "temperature_c": int(float(temp)),
+                "power_w": float(power), "reasons_mask": int(mask, 16)}
+    except Exception:
+        return None
+
+
+def near_tie_agreement(tokens: list[int], ref_tokens: list[int], ref_logits) -> dict:
+    """Whether greedy `tokens` follow the reference's until its first near-tie: the first divergence, the
+    reference's top-2 gap there (over its largest |logit|), and `greedy_ok` (no divergence, or one at a
+    near-tie, gap < NEAR_TIE)."""
+    j = first_divergence(tokens, ref_tokens[:len(tokens)])
+    out: dict[str, Any] = {"first_divergence": j, "greedy_ok": j is None}
+    if j is not None and ref_logits is not None and j < len(ref_logits):
+        top2 = ref_logits[j].float().topk(2).values
+        gap = float((top2[0] - top2[1]) / ref_logits[j].float().abs().max())
+        out.update(ref_top2_gap_at_divergence=gap, greedy_ok=gap < NEAR_TIE)
+    return out
+
+
 def _host_copy_GBps(nbytes: int = 64 << 20) -> float:
     import torch
     a = torch.ones(nbytes, dtype=torch.uint8)
@@ -221,6 +286,7 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
         sysobj.generate(prompt, n_sys)                       # warm-up: compile, capture, autotune
         rec["setup_seconds"] = round(time.perf_counter() - t0, 3)
         advance()
+        rec["gpu_start"] = gpu_state(device)
         runs, tokens = [], None
         for _ in range(repeats):
             tokens, secs = sysobj.generate(prompt, n_sys)
@@ -231,10 +297,11 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
                 rec["stopped_early"] = f"{len(tokens)} of {n_sys} tokens"
             runs.append(len(tokens) / secs)
             advance()
-        rec.update(tok_per_s=statistics.median(runs), runs_tok_per_s=runs, new_tokens=n_sys,
-                   seconds_per_token=1.0 / statistics.median(runs))
+        rec["gpu_end"] = gpu_state(device)
+        rec.update(tok_per_s=statistics.median(runs), tok_per_s_min=min(runs), tok_per_s_max=max(runs),
+                   runs_tok_per_s=runs, new_tokens=n_sys, seconds_per_token=1.0 / statistics.median(runs))
         if ref_tokens is not None:
-            rec["first_divergence"] = first_divergence(tokens, ref_tokens[:len(tokens)])
+            rec.update(near_tie_agreement(tokens, ref_tokens, ref_logits))
         if oracle_greedy is not None:
             # against the float32 oracle's own greedy path, and how near a tie its step there was: the gap
             # between its top two logits over its largest |logit| (a gap under the error bound is a near-tie)
@@ -293,7 +360,7 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
 
 def _systems_arg(spec: str | None, known: dict[str, Callable]) -> list[str]:
     if not spec:
-        return [s for s in DEFAULT_SYSTEMS if s in known] + [s for s in known if s not in DEFAULT_SYSTEMS]
+        return [s for s in DEFAULT_SYSTEMS if s in known]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [s for s in names if s not in known]
     if bad or not names:

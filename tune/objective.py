@@ -232,7 +232,7 @@ def precompile_one(payload: dict[str, Any], report: Callable[[int, float], None]
     here already (ConfigError from the engine's residency check): it is counted, the rest go on."""
     import time
     from kog.engine import kernel as K
-    from kog.engine.vendor import INTERPRET, vendor_code
+    from kog.engine.kernel.vendor import INTERPRET, vendor_code
     t0 = time.perf_counter()
     if tp_of(payload)[0] > 1:
         # the TP engine's G launches wait on each other's flags: warmup() stand-ins would leave its token

@@ -1,0 +1,87 @@
+"""The strongest plain-PyTorch decode step a user would write, the gpt-fast way: the `torch-compile` baseline.
+
+One module, static shapes: q/k/v fused into one matrix and gate/up into another (one GEMV each per layer),
+scaled_dot_product_attention with grouped-query heads over a static KV cache sized for the run, greedy argmax
+inside the graph, the whole step under torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graphs)
+with the inductor settings gpt-fast uses (coordinate-descent tuning of its Triton kernels). Numerics as HF
+transformers: matmuls in the model dtype, RMSNorm in float32, RoPE rotate-half with the checkpoint's tables.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kog.engine.config import ModelConfig
+from kog.engine.reference import rms_norm, rope_cos_sin, rotate_half
+from kog.engine.weights import Weights
+
+
+class FusedDecoder:
+    """Batch-1 decode with fused weights and a static KV cache of `max_seq` positions: step(token, pos) ->
+    the greedy next token, token and pos being [1] tensors on the device (static shapes for CUDA graphs)."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, max_seq: int):
+        self.cfg, self.max_seq = cfg, int(max_seq)
+        dev, dt = weights.device, weights.dtype
+        self.layers = []
+        for i in range(cfg.num_layers):
+            L = weights.layer(i)
+            self.layers.append({
+                "attn_norm": L["attn_norm"], "wqkv": L["wqkv"], "bqkv": L.get("bqkv"), "wo": L["wo"],
+                "q_norm": L.get("q_norm"), "k_norm": L.get("k_norm"), "ffn_norm": L["ffn_norm"],
+                "w13": torch.cat([L["w_gate"], L["w_up"]]), "w2": L["w_down"]})
+        self.embed, self.norm, self.lm_head = weights["embed"], weights["norm"], weights["lm_head"]
+        cos, sin = rope_cos_sin(cfg, self.max_seq, dev)
+        self.cos, self.sin = cos.to(dt), sin.to(dt)
+        shape = (cfg.num_layers, 1, cfg.num_kv_heads, self.max_seq, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dt, device=dev)
+        self.v_cache = torch.zeros(shape, dtype=dt, device=dev)
+        self.positions = torch.arange(self.max_seq, device=dev)
+
+    def reset(self) -> None:
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+
+    def _mask(self, pos: torch.Tensor) -> torch.Tensor:
+        """[1, 1, T, max_seq] True where a query at `pos` may attend (causal; a sliding window if any)."""
+        allowed = self.positions[None, :] <= pos[:, None]
+        if self.cfg.sliding_window is not None:
+            allowed = allowed & (self.positions[None, :] > pos[:, None] - self.cfg.sliding_window)
+        return allowed[None, None]
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Logits [T, V] of tokens [T] at positions pos [T] (their k / v go into the cache)."""
+        c = self.cfg
+        T, nh, nkv, hd, eps = tokens.shape[0], c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        cos, sin = self.cos[pos][None, :, None, :], self.sin[pos][None, :, None, :]
+        mask = self._mask(pos)
+        x = self.embed[tokens]
+        for i, L in enumerate(self.layers):
+            qkv = F.linear(rms_norm(x, L["attn_norm"], eps), L["wqkv"], L["bqkv"])
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q, k, v = q.view(1, T, nh, hd), k.view(1, T, nkv, hd), v.view(1, T, nkv, hd)
+            if c.qk_norm:
+                q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
+            q = (q * cos + rotate_half(q) * sin).transpose(1, 2)
+            k = (k * cos + rotate_half(k) * sin).transpose(1, 2)
+            self.k_cache[i].index_copy_(2, pos, k)
+            self.v_cache[i].index_copy_(2, pos, v.transpose(1, 2))
+            o = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
+                                               enable_gqa=nkv != nh)
+            x = x + F.linear(o.transpose(1, 2).reshape(T, nh * hd), L["wo"])
+            gate, up = F.linear(rms_norm(x, L["ffn_norm"], eps), L["w13"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, L["w2"])
+        return F.linear(rms_norm(x, self.norm, eps), self.lm_head)
+
+    def step(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The greedy next token [1] after `token` at `pos` (one decode step, argmax in the graph)."""
+        return torch.argmax(self.forward(token, pos)[-1]).view(1)
+
+
+def configure_inductor() -> None:
+    """gpt-fast's inductor settings: coordinate-descent tuning of the generated Triton kernels, unique kernel
+    names, and the FX graph cache (a second bench of the same shapes compiles from the cache)."""
+    import torch._inductor.config as ic
+    ic.coordinate_descent_tuning = True
+    ic.triton.unique_kernel_names = True
+    ic.fx_graph_cache = True
