@@ -62,9 +62,18 @@ def test_hf_compile_system_follows_the_reference(no_compile):
     w = random_weights(cfg, "cpu", seed=5, dtype=torch.float32)
     want = Reference(cfg, w, 64).greedy(PROMPT, 5)
     s = baselines.HFCompile(cfg, w, "cpu")
-    assert s.model.generation_config.cache_implementation == "static"
+    assert s.cache_implementation == "static" and "compile_config" in s.generate_kw
     toks, secs = s.generate(PROMPT, 5)
     assert toks == want and secs >= 0
+
+
+def test_hf_transformers_runs_generate_as_it_comes():
+    pytest.importorskip("transformers")
+    cfg = ARCHS["qwen3"]
+    w = random_weights(cfg, "cpu", seed=5, dtype=torch.float32)
+    s = baselines.HFTransformers(cfg, w, "cpu")
+    assert s.cache_implementation is None and s.generate_kw == {"disable_compile": True}
+    assert s.generate(PROMPT, 4)[0] == Reference(cfg, w, 64).greedy(PROMPT, 4)
 
 
 def test_greedy_agreement_accepts_a_divergence_only_at_a_near_tie():

@@ -12,11 +12,11 @@ tok/s = n / seconds.
     torch-compile     the gpt-fast way (kog.tune.gptfast): fused qkv and gate/up weights, SDPA with grouped
                       heads over a static cache, argmax in the graph, torch.compile(mode="reduce-overhead",
                       fullgraph=True) with coordinate-descent tuning
-    hf-compile        transformers' documented fast path: a static cache and torch.compile of the model's forward
-                      (mode="reduce-overhead", fullgraph=True), model.generate
+    hf-compile        transformers' documented fast path: model.generate with a static cache, which compiles the
+                      forward itself (its CompileConfig: mode="reduce-overhead", here fullgraph=True)
     cuda-graph        the plain Reference's decode step captured once in a torch.cuda.CUDAGraph, replayed per token
-    hf-transformers   transformers' own *ForCausalLM built from the same weights, model.generate (greedy,
-                      static cache where it works); decode timed from the first new token to the last
+    hf-transformers   transformers' own *ForCausalLM built from the same weights, model.generate as it comes
+                      (greedy, its default cache, no compile); decode timed from the first new token to the last
     reference-eager   the plain-torch Reference, one decode_step per token, launched eagerly (not benched by
                       default: every other system beats it)
 """
@@ -225,7 +225,8 @@ class HFTransformers:
     def __init__(self, cfg: ModelConfig, weights: Weights, device):
         self.cfg, self.device = cfg, torch.device(device)
         self.model = build_hf_model(cfg, weights, self.device)
-        self.cache_implementation: str | None = "static"
+        self.cache_implementation: str | None = None
+        self.generate_kw: dict = {"disable_compile": True} if _hf_knows("disable_compile") else {}
         self.note = ""
 
     def _run(self, prompt: list[int], n: int):
@@ -249,6 +250,7 @@ class HFTransformers:
                   attention_mask=torch.ones_like(ids), pad_token_id=0, temperature=None, top_p=None, top_k=None)
         if self.cache_implementation:
             kw["cache_implementation"] = self.cache_implementation
+        kw.update(self.generate_kw)
         with torch.no_grad():
             out = self.model.generate(ids, **kw)
         toks = out[0, len(prompt):].tolist()
@@ -265,18 +267,27 @@ class HFTransformers:
         return self._run(prompt, n)
 
 
+def _hf_knows(field: str) -> bool:
+    """Whether this transformers' GenerationConfig has `field`."""
+    from transformers import GenerationConfig
+    return hasattr(GenerationConfig(), field)
+
+
 class HFCompile(HFTransformers):
-    """transformers' documented fast path (its "static cache and torch.compile" recipe): the generation config's
-    cache is static and the model's forward is compiled with mode="reduce-overhead", fullgraph=True; then
-    model.generate as hf-transformers times it. The first generate of a cache size compiles (the bench's
-    warm-up)."""
+    """transformers' documented fast path: model.generate with a static cache, on which generate compiles the
+    model's forward itself (mode="reduce-overhead": CUDA graphs; fullgraph=True here). A forward wrapped in
+    torch.compile by hand on top of that fights generate's own compile (CUDA graph outputs overwritten). The
+    first generate of a cache size compiles (the bench's warm-up)."""
 
     name = "hf-compile"
 
     def __init__(self, cfg: ModelConfig, weights: Weights, device):
         super().__init__(cfg, weights, device)
-        self.model.generation_config.cache_implementation = "static"
-        self.model.forward = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+        self.cache_implementation = "static"
+        self.generate_kw = {}
+        if _hf_knows("compile_config"):
+            from transformers import CompileConfig
+            self.generate_kw["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
 
     def generate(self, prompt_ids, n: int):
         return self._run(list(prompt_ids), n)

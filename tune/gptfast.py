@@ -16,11 +16,14 @@ from kog.engine.reference import rms_norm, rope_cos_sin, rotate_half
 from kog.engine.weights import Weights
 
 
-class FusedDecoder:
+class FusedDecoder(torch.nn.Module):
     """Batch-1 decode with fused weights and a static KV cache of `max_seq` positions: step(token, pos) ->
-    the greedy next token, token and pos being [1] tensors on the device (static shapes for CUDA graphs)."""
+    the greedy next token, token and pos being [1] tensors on the device (static shapes for CUDA graphs).
+    A module with the caches as buffers, as gpt-fast: the compiled step then mutates them in place inside
+    its CUDA graph (tensors of a plain object would be graph inputs, and a mutated input stops the graphs)."""
 
     def __init__(self, cfg: ModelConfig, weights: Weights, max_seq: int):
+        super().__init__()
         self.cfg, self.max_seq = cfg, int(max_seq)
         dev, dt = weights.device, weights.dtype
         self.layers = []
@@ -34,9 +37,9 @@ class FusedDecoder:
         cos, sin = rope_cos_sin(cfg, self.max_seq, dev)
         self.cos, self.sin = cos.to(dt), sin.to(dt)
         shape = (cfg.num_layers, 1, cfg.num_kv_heads, self.max_seq, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dt, device=dev)
-        self.v_cache = torch.zeros(shape, dtype=dt, device=dev)
-        self.positions = torch.arange(self.max_seq, device=dev)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dt, device=dev), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dt, device=dev), persistent=False)
+        self.register_buffer("positions", torch.arange(self.max_seq, device=dev), persistent=False)
 
     def reset(self) -> None:
         self.k_cache.zero_()
