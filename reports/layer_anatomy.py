@@ -8,11 +8,11 @@ ending to the last of the next: down(l-1) -> qkv -> attn -> o -> gate_up -> down
 of the measured time, what the phase's weight bytes take at the run's copy rate, and the excess (the latency
 chain and imbalance paid there). The engine report shows the same table (kog.reports.bench_tables).
 --hops adds what each segment is made of (kog.reports.bench_tables.hop_table: the last CTA's lag, the
-hand-off, the first and later tasks; docs/engine-notes.md session 12). RUN_DIR may also be a
+hand-off, the first and later tasks; the hop anatomy in docs/engine-notes.md). RUN_DIR may also be a
 timeline parquet that bench/engine_check.py --save-timeline wrote (no bench.json: no streaming columns).
 --attn adds, from the split stamps that `--save-timeline --attn-stamps` wrote beside it (attn_t<i>.parquet),
 when each attention split starts, ends its wait and ends against its layer's qkv phase end
-(kog.reports.bench_tables.attn_split_timing; docs/engine-notes.md session 13).
+(kog.reports.bench_tables.attn_split_timing; the attention hop in docs/engine-notes.md).
 """
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def test_trial_error_measures_against_rows():
 
 
 # ---- the engine model, against the measured H200 rows (tune/data/h200-engine-measurements.parquet) ----
-# Bounds measured 2026-11-29 with ENGINE_FITTED (fitted to the 39 rows + the 216-row measured sweep): the 39
+# Bounds measured with ENGINE_FITTED (fitted to the 39 rows + the 216-row measured sweep): the 39
 # engine rows in-sample median 3.8 %, max 66 % (the old bn_lm=16 row with 434 spills); margin added.
 ENGINE_MEDIAN_BOUND, ENGINE_MAX_BOUND = 5.0, 75.0
 # The measured sweep, in-sample: median 5.7 %, p90 18.6 %, max 56 %, Spearman 0.89; margin added.

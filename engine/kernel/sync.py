@@ -54,12 +54,25 @@ def spin_until(ptr, target, sy, what, task, VENDOR: tl.constexpr, SYS: tl.conste
         ab = 0
         while (v < target) & (n < sy.max_spin) & (ab == 0):
             v = poll_acquire(ptr, VENDOR, SYS)
-            n += 1
-            if n % 64 == 0:
-                ab = tl.load(sy.sync + S_ABORT, volatile=True)
-        if v < target:
-            if ab == 0:
-                record_abort(sy, what, task, target, v)
+            n, ab = _count_poll(n, ab, sy)
+        _give_up(v < target, ab, sy, what, task, target, v)
+
+
+@triton.jit
+def _count_poll(n, ab, sy):
+    """One more poll of a bounded wait; every 64th also reads the abort word (another CTA timed out)."""
+    n += 1
+    if n % 64 == 0:
+        ab = tl.load(sy.sync + S_ABORT, volatile=True)
+    return n, ab
+
+
+@triton.jit
+def _give_up(short, ab, sy, what, task, target, value):
+    """A bounded wait that ended short records why, unless it ended because another CTA aborted."""
+    if short:
+        if ab == 0:
+            record_abort(sy, what, task, target, value)
 
 
 @triton.jit
@@ -166,9 +179,5 @@ def tag_wait(qkvt, g, t1, sy, task, HD: tl.constexpr, G: tl.constexpr, GP: tl.co
         tq = tl.where(qm, tq, t1)
         lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.minimum(tl.min(tk, axis=0), tl.min(tv, axis=0)))
         lo = lo.to(tl.int32)
-        n += 1
-        if n % 64 == 0:
-            ab = tl.load(sy.sync + S_ABORT, volatile=True)
-    if lo < t1:
-        if ab == 0:
-            record_abort(sy, E_TAG, task, t1, lo)
+        n, ab = _count_poll(n, ab, sy)
+    _give_up(lo < t1, ab, sy, E_TAG, task, t1, lo)

@@ -37,7 +37,9 @@ def _input(task, col, R_buf, norm, tok, mw, ac, pa):
 
 
 @triton.jit
-def _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, S, C):
+def _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, col, R_buf, norm, S, C):
+    """The task's GEMV (S: its phase's GemvSpec) over activation column `col`: (acc, acc2, waited, StreamState)."""
+    inp = _input(task, col, R_buf, norm, tok, mw, ac, pa)
     acc, acc2, waited, wc, rc, xc = gemv(inp, task.layer, task.tile, tok.t1, task.index, fx.eps, sm.wc, sm.rc, sm.xc,
                                          cta.rs, mw, pa, sy, cta.index, S, C)
     return acc, acc2, waited, StreamState(wc, rc, xc)
@@ -49,8 +51,8 @@ def qkv_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, M, C):
     so = mw.soff + task.layer * SOFF_COLS
     rows = task.tile * C.QKV.BN + tl.arange(0, C.QKV.BN)
     # layer 0 reads the embedding row, released with the token: its wait base is a block of always-ready counters
-    inp = _input(task, ACT_H, BUF_HOUT, tl.load(so + P_ATTN_NORM), tok, mw, ac, pa)
-    y, _, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, C.QKV, C)
+    y, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_H, BUF_HOUT, tl.load(so + P_ATTN_NORM),
+                                  C.QKV, C)
     if M.HAS_BIAS:
         y += tl.load(mw.small + tl.load(so + P_BIAS) + rows)
     if C.TAGQKV:   # tagged words: attention polls the data itself; no counter, no release
@@ -67,16 +69,15 @@ def residual_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, S, DOWN: tl.cons
     rows load before the input wait where the plan proved them ready (task.early), so their L2 latency leaves
     the epilogue."""
     DT: tl.constexpr = mw.w.dtype.element_ty
-    if DOWN:
-        inp = _input(task, ACT_MLP, BUF_ACT, 0, tok, mw, ac, pa)
-    else:
-        inp = _input(task, ACT_ATTN, BUF_ATTN, 0, tok, mw, ac, pa)
     aoff = ac.aoff + task.layer * ACT_COLS
     res_col = ACT_HMID if DOWN else ACT_H
     rows = task.tile * S.BN + tl.arange(0, S.BN)
     h = tl.load(ac.act + tl.load(aoff + res_col) + rows, mask=(rows >= 0) & (task.early != 0), other=0.0,
                 cache_modifier=".cg")
-    acc, _, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, S, C)
+    if DOWN:
+        acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_MLP, BUF_ACT, 0, S, C)
+    else:
+        acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_ATTN, BUF_ATTN, 0, S, C)
     if C.TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
         tl.store(ac.act + tl.load(aoff + (ACT_DPART if DOWN else ACT_OPART)) + rows, rounded_sum(acc, DT, S.RANKS))
     else:
@@ -90,10 +91,9 @@ def residual_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, S, DOWN: tl.cons
 @triton.jit
 def gate_up_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, M, C):
     DT: tl.constexpr = mw.w.dtype.element_ty
-    so = mw.soff + task.layer * SOFF_COLS
     rows = task.tile * C.GU.BN + tl.arange(0, C.GU.BN)
-    inp = _input(task, ACT_HMID, BUF_HMID, tl.load(so + P_FFN_NORM), tok, mw, ac, pa)
-    ag, au, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, C.GU, C)
+    norm = tl.load(mw.soff + task.layer * SOFF_COLS + P_FFN_NORM)
+    ag, au, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_HMID, BUF_HMID, norm, C.GU, C)
     gt = rnd(ag, DT)
     y = rnd(rnd(gt / (1.0 + tl.exp(-gt)), DT) * rnd(au, DT), DT)   # silu(g) * u (HF: in the model dtype)
     tl.store(ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_MLP) + rows, y)
@@ -105,8 +105,7 @@ def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
     """Logits of this tile's vocabulary rows (stored when asked), their sampling scores, the CTA's best."""
     DT: tl.constexpr = mw.w.dtype.element_ty
     rows = task.tile * C.LM.BN + tl.arange(0, C.LM.BN)
-    inp = _input(task, ACT_H, BUF_HOUT, fx.fnorm_off, tok, mw, ac, pa)
-    acc, _, waited, sm = _run_gemv(inp, task, tok, sm, cta, mw, pa, sy, fx, C.LM, C)
+    acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_H, BUF_HOUT, fx.fnorm_off, C.LM, C)
     lg = rnd(acc, DT)                            # HF_ROUNDING: logits in the model dtype, as HF
     if run.write_logits != 0:
         tl.store(ac.logits + tl.cast(tok.step, tl.int64) * M.V + rows, lg)
