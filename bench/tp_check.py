@@ -16,7 +16,7 @@ limit_tok_per_s, systems{kog-targeted, kog-tp<G>: tok_per_s, runs_tok_per_s, max
 `--smoke` runs the whole script on the CPU (TRITON_INTERPRET=1, the tiny preset in float32, G = 1 and 2 as
 threads, 4 tokens): a check of the script itself, not a measurement.
 
-Every wait is bounded: the kernel's spins (EngineConfig.max_spin; a timeout is an error naming rank / flag /
+Every wait is bounded: the kernel's spins (EngineConfig.wait_timeout_s; a timeout is an error naming rank / flag /
 task, never a hang), and --deadline (seconds of wall clock) skips whatever would start after it.
 
 Which preset for the 8-GPU target (issue 7, ~2B model on 8xH200): qwen3-1.7b (2.0B parameters, 8 KV heads:
@@ -151,7 +151,7 @@ def main() -> int:
             ecfg = ecfg.replace(mapping="round-robin")
         if a.smoke:
             ecfg = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
-                                sync_rows=32, max_spin=2_000_000)
+                                sync_rows=32)
         M["engine_config"] = ecfg.to_dict()
         base: dict = {}
 

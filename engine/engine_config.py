@@ -12,6 +12,7 @@ each today: the tuner searches them, and a chiplet GPU needs them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,20 @@ SM90_DEFAULT = dict(weight_ring=3, attn_block=64, bn_gate_up=4)
 MAX_ATTN_SPLITS = 64
 MAPPINGS = ("round-robin", "contiguous", "topology")
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
+
+
+# A wait on the GPU ends within microseconds (a token's time at most); the bound leaves room for a launch under
+# compute-sanitizer, which runs orders of magnitude slower. The interpreter runs a launch's programs (and the
+# tensor-parallel ranks) in Python, where one may wait on another's whole layer on a loaded machine.
+WAIT_TIMEOUT_GPU_S = 10.0
+WAIT_TIMEOUT_INTERPRETER_S = 120.0
+
+
+def wait_timeout_seconds(e: "EngineConfig", interpreter: bool) -> float:
+    """The bound on every spin-wait of a launch: e.wait_timeout_s, or the platform's default when it is 0."""
+    if e.wait_timeout_s > 0:
+        return float(e.wait_timeout_s)
+    return WAIT_TIMEOUT_INTERPRETER_S if interpreter else WAIT_TIMEOUT_GPU_S
 
 
 @dataclass(frozen=True)
@@ -56,7 +71,9 @@ class EngineConfig:
     attn_tile: int = 0                # > 0: positions per tl.dot tile, a split walking attn_block / attn_tile of
                                       # them (Triton's shared memory holds one tile: the ring keeps its slots
                                       # at wider splits); 0: one tile of attn_block
-    max_spin: int = 20_000_000        # bound on every spin-wait (iterations); a timeout is an error, not a hang
+    wait_timeout_s: float = 0.0       # bound on every spin-wait, in seconds: a wait that outlasts it is an
+                                      # error naming the counter and the task, not a hang (0: the platform's
+                                      # default, wait_timeout_seconds)
 
     def replace(self, **kw: Any) -> "EngineConfig":
         return dataclasses.replace(self, **kw)
@@ -139,7 +156,8 @@ class EngineConfig:
         if self.attn_tile:
             need(pow2(self.attn_tile) and 16 <= self.attn_tile <= self.attn_block,
                  f"attn_tile {self.attn_tile} must be a power of two in 16..attn_block ({self.attn_block})")
-        need(self.max_spin > 0, "max_spin must be positive")
+        need(math.isfinite(self.wait_timeout_s) and self.wait_timeout_s >= 0,
+             f"wait_timeout_s {self.wait_timeout_s} must be a finite number of seconds >= 0")
         H, I = model.hidden_size, model.intermediate_size
         # K need not be a multiple of block_k: the last chunk of a row is masked.
         rows = {"qkv": model.qkv_size, "o": H, "gate_up": I, "down": H, "lm": model.vocab_size}

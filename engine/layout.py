@@ -78,7 +78,7 @@ FLAG_STRIDE = 32        # int32 per flag: one 128-byte line each (no false shari
 ModelArgs = namedtuple("ModelArgs", "w woff small soff embed cos sin cache")
 ActArgs = namedtuple("ActArgs", "act aoff part qkvt logits partial_v partial_i out forced eos")
 PlanArgs = namedtuple("PlanArgs", "rows cta_start rpc target cnt smid_tab ring_lo ring_sz gring grow peers")
-SyncArgs = namedtuple("SyncArgs", "sync err max_spin")
+SyncArgs = namedtuple("SyncArgs", "sync err timeout_ns")
 TraceArgs = namedtuple("TraceArgs", "buf tokens cap atr atr_cap")
 EngineArgs = namedtuple("EngineArgs", "max_seq window fnorm_off eps sm_scale attn_splits use_smid bar_per_tok")
 # constexpr groups: the model's shape and the compiled configuration

@@ -3,10 +3,13 @@
     mk = Monokernel(cfg, weights, EngineConfig(mode="targeted"))
     tokens, seconds = mk.generate(prompt_ids, 512)              # greedy; temperature/top_k/top_p/seed too
     logits = mk.teacher_forced_logits(prompt_ids, forced_ids)   # [n, V] for the correctness gate
+    for t in mk.stream(prompt_ids, 512): ...                    # each token as the running kernel writes it
     mk.breakdown()                                              # instrumented run -> seconds/token by category
 
 Prefill runs on the plain-torch reference (it fills the same KV cache tensor the kernel then extends);
-every decode step afterwards happens inside ONE launch of kernel.monokernel, sampling included.
+every decode step afterwards happens inside ONE launch of kernel.monokernel, sampling included. The kernel
+writes each token into host memory (a pinned buffer the GPU writes through its mapping), so the host can read
+the tokens while the launch runs (stream).
 The plan (plan.py) is checked once per engine (plan.check_plan) before anything launches.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from kog.engine import layout as LY
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.engine_config import EngineConfig, sm90_default
+from kog.engine.engine_config import EngineConfig, sm90_default, wait_timeout_seconds
 from kog.engine.kernel.sampling import sample_mode
 from kog.engine.kernel.vendor import INTERPRET, NVIDIA, ctas_per_sm_fit, vendor_code
 from kog.engine.plan import Plan, check_plan, make_plan
@@ -109,7 +112,7 @@ def kernel_groups(b, cfg: ModelConfig, e: EngineConfig, plan: Plan, trace: bool)
     ac = LY.ActArgs(b.act, b.aoff, b.part, b.qkvt, b.logits, b.partial_v, b.partial_i, b.out, b.forced, b.eos)
     pa = LY.PlanArgs(b.rows, b.cta_start, b.rpc, b.target, b.cnt, b.smid_tab, b.ring_lo, b.ring_sz, b.gring, b.grow,
                      b.peers)
-    sy = LY.SyncArgs(b.sync, b.err, int(e.max_spin))
+    sy = LY.SyncArgs(b.sync, b.err, int(wait_timeout_seconds(e, vendor_code() == INTERPRET) * 1e9))
     tra = LY.TraceArgs(b.trace, b.trace_tokens if trace else 0, b.trace_cap, b.atr, b.atr_cap)
     fx = LY.EngineArgs(b.max_seq, int(getattr(cfg, "sliding_window", None) or 0), int(b.fnorm_off),
                        float(cfg.rms_norm_eps), 1.0 / math.sqrt(cfg.head_dim), b.attn_splits,
@@ -266,6 +269,11 @@ class Monokernel:
         eos = list(cfg.eos_token_id)[:8]
         self.eos = torch.tensor(eos + [-1] * (8 - len(eos)), **i32)
         self.n_eos = len(eos)
+        # the tokens of a launch: host memory the kernel writes through its device mapping (pinned on a GPU),
+        # so the host reads each token while the launch still runs; one buffer for every launch of the engine
+        self.out_host = torch.full((self.max_seq + 1,), -1, dtype=torch.int32,
+                                   pin_memory=dev.type == "cuda")
+        self._running = None         # what tells whether the last launch ended (a CUDA event, or a thread)
         self.trace_cap = int(np.max(p.cta_start[1:] - p.cta_start[:-1])) * max(self.trace_tokens, 1)
         self.trace = torch.zeros((p.grid, self.trace_cap, 4) if self.trace_tokens else (1, 1, 4),
                                  dtype=torch.int64, device=dev)
@@ -338,7 +346,9 @@ class Monokernel:
         cfg = self.cfg
         if pos0 + n > self.max_seq:
             raise ConfigError(f"{pos0 + n} positions exceed the KV cache's max_seq {self.max_seq}")
-        self.out = torch.full((n,), -1, dtype=torch.int32, device=self.device)
+        self._wait_launch()          # the last launch may still write the token buffer
+        self.out = self.out_host[:n]
+        self.out.fill_(-1)
         self.logits = torch.empty((n, cfg.vocab_size) if write_logits else (1,), dtype=torch.float32,
                                   device=self.device)
         self.forced = forced if forced is not None else torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -391,6 +401,24 @@ class Monokernel:
             self._add_ring_smem(monokernel.warmup(*args, grid=(self.plan.grid,), **opts))
         if not self.compile_only:  # placeholder weights: compile and load the variant, never run it
             monokernel[(self.plan.grid,)](*args, **opts)
+            if self.vendor != INTERPRET:
+                self._running = torch.cuda.Event()
+                self._running.record()
+
+    def _launch_ended(self) -> bool:
+        r = self._running
+        return r is None or (not r.is_alive() if hasattr(r, "is_alive") else r.query())
+
+    def _wait_launch(self) -> None:
+        r, self._running = self._running, None
+        if r is None:
+            return
+        if hasattr(r, "join"):
+            r.join()
+            if r.errors:
+                raise r.errors[0]
+        else:
+            r.synchronize()
 
     def _check_residency(self, k) -> None:
         """Refuse a grid larger than what fits on the SMs at once (a persistent grid must be co-resident)."""
@@ -482,6 +510,59 @@ class Monokernel:
             self._last_ms_per_token = dt * 1e3 / max(ntok, 1)
         return toks, dt
 
+    def stream(self, prompt_ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int = 0, poll_s: float = 20e-6):
+        """Yield each new token id as the running kernel writes it (n of them, fewer at a stop id). The host
+        polls the token buffer while the launch runs (in the interpreter the launch runs on a thread), so the
+        first token arrives long before the last. Afterwards self.last_stream holds prefill_s, ttft_s (call to
+        first token), decode_s (launch to the kernel's end) and tokens."""
+        t_call = time.perf_counter()
+        prompt = [int(t) for t in prompt_ids]
+        self._prefill(prompt)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        args, opts = self._launch_args(prompt[-1], len(prompt) - 1, n, None, temperature, top_k, top_p, seed,
+                                       False, False)
+        self._compile(args, opts)
+        t0c = time.perf_counter()
+        if self.vendor == INTERPRET:
+            self._running = _launch_thread(self, args, opts)
+        else:
+            self._start(args, opts)
+        buf = self.out.numpy()
+        got, ttft = 0, None
+        try:
+            while got < n:
+                if buf[got] >= 0:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t_call
+                    got += 1
+                    yield int(buf[got - 1])
+                elif self._launch_ended():
+                    if buf[got] < 0:          # ended (a stop id, or an error the check below names)
+                        break
+                else:
+                    time.sleep(poll_s)
+        finally:
+            self._wait_launch()
+            t_end = time.perf_counter()
+            self.last_stream = dict(prefill_s=t0 - t_call, ttft_s=ttft, decode_s=t_end - t0c, tokens=got,
+                                    compile_s=t0c - t0)
+        self._check_error()
+
+    def set_stop_ids(self, ids) -> None:
+        """The ids that end a launch after they are produced (at most 8; [] = never stop early): they replace
+        the checkpoint's EOS ids for the launches that follow."""
+        ids = [int(i) for i in ids]
+        if len(ids) > self.eos.numel():
+            raise ConfigError(f"at most {self.eos.numel()} stop ids, got {len(ids)}")
+        bad = [i for i in ids if not 0 <= i < self.cfg.vocab_size]
+        if bad:
+            raise ConfigError(f"stop id {bad[0]} is outside the vocabulary [0, {self.cfg.vocab_size})")
+        self.eos.copy_(torch.tensor(ids + [-1] * (self.eos.numel() - len(ids)), dtype=torch.int32))
+        self.n_eos = len(ids)
+
     def teacher_forced_logits(self, prompt_ids, forced_ids) -> torch.Tensor:
         """[n, V] float32 logits with the same feeding as Reference.teacher_forced_logits."""
         prompt, forced = [int(t) for t in prompt_ids], [int(t) for t in forced_ids]
@@ -515,6 +596,24 @@ class Monokernel:
         out["trace_overhead"] = traced / plain - 1.0
         out["untraced_seconds_per_token"] = plain / n
         return out
+
+
+def _launch_thread(mk: Monokernel, args, opts):
+    """The interpreter's launch on a thread (it runs to its end on the calling thread otherwise), so the host
+    can read the tokens it writes while it runs; the thread's join is _wait_launch's."""
+    import threading
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            mk._start(args, opts)
+        except BaseException as e:      # re-raised on the caller's thread by _wait_launch's check
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True, name="kog-monokernel-launch")
+    t.errors = errors
+    t.start()
+    return t
 
 
 def _append_aligned(parts: list, t: torch.Tensor, at: int) -> int:

@@ -324,7 +324,7 @@ def test_kog_systems_run_the_monokernel_with_the_tuned_config(tmp_path, monkeypa
     cfg = preset("tiny")
     w = random_weights(cfg, "cpu", seed=3, dtype=torch.float32)
     stored = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
-                          sync_rows=32, max_spin=5000)
+                          sync_rows=32)
     assert store.save_best("cpu", cfg, stored, 1.0, {"backend": "gpu"})
     systems = bench.available_systems()
     for name, mode in (("kog-targeted", "targeted"), ("kog-grid", "grid")):

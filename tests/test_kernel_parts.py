@@ -28,8 +28,8 @@ def _cx(t):
     return type(t)(*(_cx(v) if isinstance(v, tuple) else tl.constexpr(v) for v in t))
 
 
-def _sync(max_spin=200):
-    return LY.SyncArgs(torch.zeros(64, dtype=torch.int32), torch.zeros(8, dtype=torch.int32), max_spin)
+def _sync(timeout_ns=50_000_000):
+    return LY.SyncArgs(torch.zeros(64, dtype=torch.int32), torch.zeros(8, dtype=torch.int32), timeout_ns)
 
 
 # ---- sync ---------------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def _tag_kernel(qkvt, vals, t1, sy, out, HD: tl.constexpr, G: tl.constexpr, GP: 
                 KVS: tl.constexpr, N: tl.constexpr):
     r = tl.arange(0, N)
     tag_store(qkvt, r, tl.load(vals + r), t1)
-    tag_wait(qkvt, 1, t1, sy, 5, HD, G, GP, QS, KVS, 1)
+    tag_wait(qkvt, 1, t1, sy, 5, HD, G, GP, QS, KVS, 1, 0)
     tl.store(out + r, tagged_value(qkvt, r, r >= 0, True))
 
 
@@ -106,7 +106,7 @@ def test_tagged_words_carry_value_and_token():
 @triton.jit
 def _poll_only(qkvt, t1, sy, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
                KVS: tl.constexpr):
-    tag_wait(qkvt, 1, t1, sy, 5, HD, G, GP, QS, KVS, 1)
+    tag_wait(qkvt, 1, t1, sy, 5, HD, G, GP, QS, KVS, 1, 0)
 
 
 # ---- the ring and the task rows ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 
 TINY = PRESETS["tiny"]          # 2 layers, hidden 64, 4 heads / 2 KV heads (GQA), vocab 512
 SMALL_TILES = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64,
-                           attn_block=16, sync_rows=32, max_spin=5000)
+                           attn_block=16, sync_rows=32, wait_timeout_s=1.0)
 
 
 def rel_err(a, b):
@@ -347,3 +347,52 @@ def test_ctas_per_sm_fit_counts_allocation_granularity():
     assert 233472 // 46080 == 5 and ctas_per_sm_fit(kern(64, 46080), 2, smem_per_sm=233472) == 4
     assert ctas_per_sm_fit(kern(32, 0), 1) == 32                                       # the CTA cap
     assert ctas_per_sm_fit(kern(32, 0), 4) == 16                                       # 2048 threads
+
+
+# ---- streaming: the host reads each token while the launch runs --------------------------------------------------
+
+def test_stream_yields_the_tokens_generate_makes_and_stops_at_a_stop_id():
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(TINY, w, SMALL_TILES, max_seq=64)
+    mk.set_stop_ids([])
+    full, _ = mk.generate([5, 6, 7], 6)
+    assert list(mk.stream([5, 6, 7], 6)) == full
+    assert mk.last_stream["tokens"] == 6 and mk.last_stream["ttft_s"] is not None
+    mk.set_stop_ids([full[2]])                # the launch ends after the first stop id it produces
+    stop_at = full.index(full[2])
+    assert list(mk.stream([5, 6, 7], 6)) == full[:stop_at + 1]
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        mk.set_stop_ids([TINY.vocab_size])
+
+
+def test_stream_hands_over_each_token_as_the_buffer_fills(monkeypatch):
+    """The polling loop, without the kernel: a stand-in launch writes one token per poll of the host, and
+    reports the launch ended only once all are written; the stream must yield each as it appears."""
+    import kog.engine.monokernel as M
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(TINY, w, SMALL_TILES, max_seq=64)
+    seen_at: list[int] = []
+
+    class FakeLaunch:
+        errors: list = []
+
+        def __init__(self):
+            self.written = 0
+
+        def is_alive(self):
+            if self.written < 4:                 # each poll of the host lets the "kernel" write one token
+                mk.out[self.written] = 100 + self.written
+                self.written += 1
+                return True
+            return False
+
+        def join(self):
+            pass
+
+    monkeypatch.setattr(M, "_launch_thread", lambda mk_, args, opts: FakeLaunch())
+    monkeypatch.setattr(Monokernel, "_check_error", lambda self: None)
+    for t in mk.stream([5, 6, 7], 8, poll_s=0.0):
+        seen_at.append((t, mk._running.written))
+    # token i was yielded right after the poll that wrote it, before the later ones existed
+    assert seen_at == [(100, 1), (101, 2), (102, 3), (103, 4)]
+    assert mk.last_stream["tokens"] == 4

@@ -25,7 +25,7 @@ from kog.engine.weights import random_weights
 assert os.environ.get("TRITON_INTERPRET") == "1"
 
 E = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
-                 sync_rows=32, max_spin=3000)
+                 sync_rows=32)
 TINY = {
     "llama": ModelConfig("llama", 256, 64, 128, 2, 8, 4, 16, name="t-llama"),
     "qwen2": ModelConfig("qwen2", 256, 64, 128, 2, 8, 4, 16, rms_norm_eps=1e-6, attention_bias=True,
@@ -74,7 +74,7 @@ def test_g2_two_threaded_ranks_match_the_unsharded_reference(arch, dtype, tol, v
     prompt = [t % vocab for t in PROMPT]
     ref_tokens = Reference(cfg, w, 64).greedy(prompt, 3)
     ref_logits = Reference(cfg, w, 64).teacher_forced_logits(prompt, ref_tokens)
-    tp = TPMonokernel(cfg, w, 2, E.replace(max_spin=2_000_000), max_seq=64, pad_vocab=vocab % 2 != 0)
+    tp = TPMonokernel(cfg, w, 2, E, max_seq=64, pad_vocab=vocab % 2 != 0)
     tp.n_eos = 0
     assert rel_err(tp.teacher_forced_logits(prompt, ref_tokens), ref_logits) < tol
     tokens, _ = tp.generate(prompt, 3)
@@ -104,7 +104,7 @@ def test_a_flag_that_never_fills_is_an_error_naming_rank_flag_and_task():
     and the host raises one line naming the rank, the flag and the task, instead of hanging."""
     cfg = TINY["llama"].replace(dtype="float32").validate()
     w = random_weights(cfg, "cpu", seed=3, dtype=torch.float32)
-    tp = TPMonokernel(cfg, w, 1, E, max_seq=64)
+    tp = TPMonokernel(cfg, w, 1, E.replace(wait_timeout_s=1.0), max_seq=64)
     rk = tp.ranks[0]
     t = rk.plan.tasks
     row = int(np.flatnonzero((t[:, 0] == T_XRED) & (t[:, 1] == 0) & (t[:, 2] == 0) & (t[:, 3] == XP_O))[0])
@@ -137,7 +137,7 @@ def test_single_gpu_tp_compat_equals_two_ranks_bit_for_bit(arch, dtype):
     cfg = TINY[arch].replace(dtype="float32" if dtype == torch.float32 else "float16").validate()
     w = random_weights(cfg, "cpu", seed=11, dtype=dtype)
     ref_tokens = Reference(cfg, w, 64).greedy(PROMPT, 3)
-    e = E.replace(block_k=32, max_spin=2_000_000)          # two chunks per rank slice: the slice loop matters
+    e = E.replace(block_k=32)          # two chunks per rank slice: the slice loop matters
     tp = TPMonokernel(cfg, w, 2, e, max_seq=64)
     tp.n_eos = 0
     want = tp.teacher_forced_logits(PROMPT, ref_tokens)

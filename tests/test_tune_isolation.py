@@ -143,7 +143,7 @@ def test_gpu_trial_code_path_in_a_warm_worker_interpreted():
     interpreter on the CPU: the second trial reuses the worker's weights and reference logits."""
     from kog.engine.engine_config import EngineConfig
     cfg = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
-                       sync_rows=32, max_spin=5000)
+                       sync_rows=32)
     payload = {"model": "tiny", "device": "cpu", "dtype": "float16", "prompt_tokens": 3, "gate_tokens": 1,
                "warmup_tokens": 1, "short_tokens": 1, "tokens": 1, "repeats": 1, "max_seq": 32}
     with WarmWorker({"TRITON_INTERPRET": "1"}) as w:

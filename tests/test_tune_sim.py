@@ -91,7 +91,7 @@ def test_engine_table_is_tidy_and_matches_bench_json():
     # the table predates the ring, tp_compat and attn_tile; it keeps the L2 prefetch distance of the engine
     # versions it measured (a knob since removed: no EngineConfig field, a calibration feature)
     fields = (set(EngineConfig.__dataclass_fields__) - set(RETIRED_FIELDS)
-              - {"max_spin", "tp_compat", "weight_ring", "attn_tile"})
+              - {"wait_timeout_s", "tp_compat", "weight_ring", "attn_tile"})
     assert fields <= set(df.columns) and set(sim._CFG_FIELDS) == fields | {"prefetch"}
     assert {"engine_commit", "source", "model", "tok_s", "regs", "spills", "bd_streaming"} <= set(df.columns)
     assert set(df["model"]) == {"llama-3.2-1b", "sheared-llama-2.7b"}

@@ -179,7 +179,7 @@ def test_tp_gpu_trial_code_path_interpreted():
     interpreter on the CPU; precompile_one leaves TP configs to their trial."""
     from kog.tune.isolation import WarmWorker
     cfg = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
-                       sync_rows=32, max_spin=200000)
+                       sync_rows=32)
     payload = {"model": "tiny", "device": "cpu", "dtype": "float16", "prompt_tokens": 3, "gate_tokens": 1,
                "warmup_tokens": 1, "short_tokens": 1, "tokens": 1, "repeats": 1, "max_seq": 32,
                "tp": {"G": 2, "exchange_rows": 32}, "config": cfg.to_dict()}

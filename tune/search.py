@@ -684,7 +684,7 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     d = engine_default(s.backend, s.device_name, s.device, s.model)
     try:
         check(d, s.model, s.sms, maxc)
-        p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin", *RETIRED_FIELDS)}
+        p = {k: v for k, v in d.to_dict().items() if k not in ("wait_timeout_s", *RETIRED_FIELDS)}
         if p["mode"] == "grid":
             p.pop("sync_rows")
         if len(space.tp_degrees) > 1:

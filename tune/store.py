@@ -22,9 +22,10 @@ from kog.engine.config import ModelConfig
 from kog.engine.engine_config import EngineConfig
 
 # EngineConfig fields of engine paths that were removed because they measured slower than the paths kept
-# (docs/engine-notes.md has the measurements). A store written by an older kog, or a study it
-# started, may still hold them: reading drops them, so such a config runs as the same config without them.
-RETIRED_FIELDS = ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop")
+# (docs/engine-notes.md has the measurements), and max_spin, the spin bound in polls that wait_timeout_s (a
+# bound in seconds) replaced. A store written by an older kog, or a study it started, may still hold them:
+# reading drops them, so such a config runs as the same config without them.
+RETIRED_FIELDS = ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop", "max_spin")
 
 SHAPE_FIELDS = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "attention_bias", "qk_norm", "tie_word_embeddings")
@@ -159,8 +160,8 @@ def entries() -> list[dict[str, Any]]:
 
 
 def _short(cfg: dict[str, Any]) -> str:
-    """An EngineConfig dict as key=value words (max_spin left out), as `kogtune show` prints it."""
-    return " ".join(f"{k}={v}" for k, v in cfg.items() if k != "max_spin")
+    """An EngineConfig dict as key=value words (wait_timeout_s left out), as `kogtune show` prints it."""
+    return " ".join(f"{k}={v}" for k, v in cfg.items() if k != "wait_timeout_s")
 
 
 def cli_show(args) -> int:

@@ -62,7 +62,7 @@ def attention_task(task, tok, t_start, wc, pend, atr_n, cta, mw, ac, pa, sy, tra
         if C.TAGQKV:   # qkv as token-tagged words: the wait polls them
             qkv_in = ac.qkvt + task.layer * (M.QS + 2 * M.KVS)
             if C.WAIT:
-                tag_wait(qkv_in, g, tok.t1, sy, task.index, M.HD, M.G, M.GP, M.QS, M.KVS, has_new)
+                tag_wait(qkv_in, g, tok.t1, sy, task.index, M.HD, M.G, M.GP, M.QS, M.KVS, has_new, C.VENDOR)
         else:
             qkv_in = ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_QKV)
             if C.WAIT:

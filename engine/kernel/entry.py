@@ -201,7 +201,6 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
                                 C.FILTER_ITERS)
         if run.force != 0:
             t = tl.load(ac.forced + tok.step + 1)
-        tl.store(ac.out + tok.step, t)
         er = tl.arange(0, 8)
         eos = tl.load(ac.eos + er, mask=er < run.n_eos, other=-1)
         if tl.sum((eos == t).to(tl.int32), axis=0) > 0:
@@ -216,3 +215,6 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
             tl.store(ac.act + k0 + rh, e.to(tl.float32), mask=k0 + rh < M.H)
         tl.debug_barrier()
         tl.atomic_xchg(sy.sync + S_TOK, tok.t1, sem="release", scope="gpu")
+        # the token goes to host memory (the launcher's pinned buffer, for the host to read while the launch
+        # runs) only after the next token is released: the write crosses the bus, off the critical path
+        tl.store(ac.out + tok.step, t)

@@ -82,9 +82,9 @@ def ring_fill(rs, rc, w, pa, cta, C):
 def ring_wait(rs, cn, sy, task, C):
     """Wait until chunk cn has landed; an opaque 0 for the slot's reads. A copy that never lands (it cannot,
     short of a fault) is recorded as E_RING and aborts the kernel instead of hanging it."""
-    # a copy has no dependency on other CTAs: it lands within microseconds, so the bound is far below the
-    # counter waits' (each try_wait may also suspend the thread for a while before it reports "not yet")
-    f, dep = mbar_wait(rs.base + (cn % C.RING) * 8, (cn // C.RING) & 1, tl.minimum(sy.max_spin, 1 << 16), C.VENDOR)
+    # bounded on the clock, as the counter waits: a try_wait may suspend the thread for a while before it
+    # reports "not yet", so a count of polls says little about the time waited
+    f, dep = mbar_wait(rs.base + (cn % C.RING) * 8, (cn // C.RING) & 1, sy.timeout_ns, C.VENDOR)
     if f != 0:
         record_abort(sy, E_RING, task, cn, 0)
     return dep

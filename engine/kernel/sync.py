@@ -10,9 +10,12 @@ which counter each task releases and which buffer it reads; the counter of input
 qkv reaches attention through tagged words instead (the ring's path): each value travels with its token
 number in one 64-bit word, so a reader that sees the tag sees the value, with no fence and no counter.
 
-Every spin is bounded by max_spin polls. A timeout records err = [1, what, task, target, value] and raises
-the abort word, which ends every other spin at once: the kernel finishes (with garbage) and the host raises
-one clear error naming the counter and the task (kog.engine.monokernel).
+Every spin is bounded in time (SyncArgs.timeout_ns; EngineConfig.wait_timeout_s): every 64th poll reads the
+abort word and a clock (the GPU's global timer; the host's clock in the interpreter), so the first poll that
+succeeds costs nothing more, and a wait that can never finish ends in seconds on any platform. A timeout
+records err = [1, what, task, target, value] and raises the abort word, which ends every other spin at once:
+the kernel finishes (with garbage) and the host raises one clear error naming the counter and the task
+(kog.engine.monokernel).
 """
 from collections import namedtuple
 
@@ -20,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kog.engine.kernel.names import E_BARRIER, E_TAG, S_ABORT, S_BAR
-from kog.engine.kernel.vendor import global_time_ns, poll_acquire
+from kog.engine.kernel.vendor import global_time_ns, poll_acquire, wait_clock_ns
 
 # counters base + 0..ready of the buffer at `base` are known ready for this token: a CTA's later tasks of a
 # phase skip those waits (and their L2 round trips)
@@ -52,27 +55,34 @@ def spin_until(ptr, target, sy, what, task, VENDOR: tl.constexpr, SYS: tl.conste
         v = poll_acquire(ptr, VENDOR, SYS)
         n = 0
         ab = 0
-        while (v < target) & (n < sy.max_spin) & (ab == 0):
+        t_end = tl.full([], 0, tl.int64)
+        while (v < target) & (ab == 0):
             v = poll_acquire(ptr, VENDOR, SYS)
-            n, ab = _count_poll(n, ab, sy)
-        _give_up(v < target, ab, sy, what, task, target, v)
+            n, ab, t_end = _count_poll(n, ab, t_end, sy, VENDOR)
+        _give_up(v < target, sy, what, task, target, v)
 
 
 @triton.jit
-def _count_poll(n, ab, sy):
-    """One more poll of a bounded wait; every 64th also reads the abort word (another CTA timed out)."""
+def _count_poll(n, ab, t_end, sy, VENDOR: tl.constexpr):
+    """One more poll of a bounded wait. Every 64th also reads the abort word (another CTA timed out) and the
+    clock: the first such read sets the deadline (now + timeout), a later one past it ends the wait (ab = 2)."""
     n += 1
     if n % 64 == 0:
         ab = tl.load(sy.sync + S_ABORT, volatile=True)
-    return n, ab
+        now = wait_clock_ns(VENDOR)
+        if t_end == 0:
+            t_end = now + sy.timeout_ns
+        elif now > t_end:
+            ab = 2
+    return n, ab, t_end
 
 
 @triton.jit
-def _give_up(short, ab, sy, what, task, target, value):
-    """A bounded wait that ended short records why, unless it ended because another CTA aborted."""
+def _give_up(short, sy, what, task, target, value):
+    """A bounded wait that ended short records why (record_abort keeps only the first CTA's record, so a wait
+    that ended because another CTA aborted records nothing)."""
     if short:
-        if ab == 0:
-            record_abort(sy, what, task, target, value)
+        record_abort(sy, what, task, target, value)
 
 
 @triton.jit
@@ -159,7 +169,7 @@ def tagged_value(ptr, offs, mask, TAG: tl.constexpr):
 
 @triton.jit
 def tag_wait(qkvt, g, t1, sy, task, HD: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QS: tl.constexpr,
-             KVS: tl.constexpr, kv_on):
+             KVS: tl.constexpr, kv_on, VENDOR: tl.constexpr):
     """Wait (bounded) until KV head g's q rows, k row and v row carry this token's tag t1, polling every word
     once per poll from L2. kv_on = 0: the q rows only (a split without the new position reads no new k / v).
     On timeout: record [1, E_TAG, task, t1, lowest tag seen] and abort everyone."""
@@ -170,8 +180,9 @@ def tag_wait(qkvt, g, t1, sy, task, HD: tl.constexpr, G: tl.constexpr, GP: tl.co
     ko = QS + g * HD + d
     n = 0
     ab = 0
+    t_end = tl.full([], 0, tl.int64)
     lo = t1 * 0
-    while (lo < t1) & (n < sy.max_spin) & (ab == 0):
+    while (lo < t1) & (ab == 0):
         tq = tl.load(qkvt + qo, mask=qm, other=0, volatile=True) >> 32
         tk = tl.load(qkvt + ko, mask=(d >= 0) & (kv_on != 0), other=t1.to(tl.int64) << 32, volatile=True) >> 32
         tv = tl.load(qkvt + KVS + ko, mask=(d >= 0) & (kv_on != 0), other=t1.to(tl.int64) << 32,
@@ -179,5 +190,5 @@ def tag_wait(qkvt, g, t1, sy, task, HD: tl.constexpr, G: tl.constexpr, GP: tl.co
         tq = tl.where(qm, tq, t1)
         lo = tl.minimum(tl.min(tl.min(tq, axis=1), axis=0), tl.minimum(tl.min(tk, axis=0), tl.min(tv, axis=0)))
         lo = lo.to(tl.int32)
-        n, ab = _count_poll(n, ab, sy)
-    _give_up(lo < t1, ab, sy, E_TAG, task, t1, lo)
+        n, ab, t_end = _count_poll(n, ab, t_end, sy, VENDOR)
+    _give_up(lo < t1, sy, E_TAG, task, t1, lo)

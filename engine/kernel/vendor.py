@@ -8,6 +8,7 @@ UNVERIFIED on hardware: no MI300X was available to this project.
 from __future__ import annotations
 
 import os
+import time
 
 import triton
 import triton.language as tl
@@ -63,6 +64,22 @@ def global_time_ns(VENDOR: tl.constexpr):
                                       is_pure=False, pack=1) * 10
     else:
         t = tl.full([], 0, tl.int64)
+    return t
+
+
+def host_clock_ns() -> int:
+    """The host's monotonic clock: what a bounded wait reads in the interpreter (Python, never compiled)."""
+    return time.monotonic_ns()
+
+
+@triton.jit
+def wait_clock_ns(VENDOR: tl.constexpr):
+    """The clock a bounded wait's deadline is read on, in ns: global_time_ns on a GPU; the host's clock in the
+    interpreter (whose global_time_ns is 0, for reproducible traces)."""
+    if VENDOR == 0:
+        t = tl.full([], host_clock_ns(), tl.int64)
+    else:
+        t = global_time_ns(VENDOR)
     return t
 
 
@@ -190,20 +207,23 @@ def ring_prefetch_l2(src, nbytes, VENDOR: tl.constexpr):
                                   pack=1)
 
 
-# Wait (bounded: at most $4 polls) until the mbarrier at $2 has completed its phase of parity $3.
-# $0 = 1 if it timed out, $1 = an opaque 0 for the reads of the slot (keeps them below the wait).
+# Wait (bounded: $4 ns on the global timer, read only once the first try_wait failed) until the mbarrier at $2
+# has completed its phase of parity $3. $0 = 1 if it timed out, $1 = an opaque 0 for the reads of the slot
+# (keeps them below the wait).
 MBAR_WAIT_PTX = tl.constexpr(
-    "{\n.reg .pred %mp;\n.reg .u32 %mn;\nmov.u32 $0, 0;\nmov.u32 $1, 0;\nmov.u32 %mn, 0;\n"
+    "{\n.reg .pred %mp;\n.reg .u64 %m0, %m1;\nmov.u32 $0, 0;\nmov.u32 $1, 0;\n"
+    "mbarrier.try_wait.parity.shared::cta.b64 %mp, [$2], $3;\n@%mp bra M_END;\n"
+    "mov.u64 %m0, %globaltimer;\n"
     "M_POLL:\nmbarrier.try_wait.parity.shared::cta.b64 %mp, [$2], $3;\n@%mp bra M_END;\n"
-    "add.u32 %mn, %mn, 1;\nsetp.lt.u32 %mp, %mn, $4;\n@%mp bra M_POLL;\nmov.u32 $0, 1;\n"
-    "M_END:\n}")
+    "mov.u64 %m1, %globaltimer;\nsub.u64 %m1, %m1, %m0;\nsetp.lt.u64 %mp, %m1, $4;\n@%mp bra M_POLL;\n"
+    "mov.u32 $0, 1;\nM_END:\n}")
 
 
 @triton.jit
-def mbar_wait(bar, parity, max_spin, VENDOR: tl.constexpr):
+def mbar_wait(bar, parity, timeout_ns, VENDOR: tl.constexpr):
     """(timed out 0/1, opaque 0): every thread waits until the slot's copies of phase `parity` landed."""
     if VENDOR == 1:
-        f, dep = tl.inline_asm_elementwise(MBAR_WAIT_PTX, "=r,=r,r,r,r", [bar, parity, max_spin],
+        f, dep = tl.inline_asm_elementwise(MBAR_WAIT_PTX, "=r,=r,r,r,l", [bar, parity, timeout_ns.to(tl.int64)],
                                            dtype=(tl.int32, tl.int32), is_pure=False, pack=1)
     else:
         f = parity * 0
