@@ -23,11 +23,11 @@ import os
 import platform
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from kog.errors import UsageError
+from kog.fsutil import atomic_write_bytes, atomic_write_table  # re-exported: the writers' one atomic write
 from kog.provenance import git_commit, package_versions, source_digest
 
 FORMAT = "kog-run"
@@ -47,38 +47,6 @@ def default_root() -> Path:
 
 def _utc_now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader never sees a half-written file (temp file + rename).
-
-    The temp file lives in the same directory (a rename across file systems is not atomic) and is
-    fsynced before the rename; the directory is fsynced after it where the OS allows, so a power cut
-    leaves the old file or the new one, never a torn one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:  # some file systems refuse fsync on a directory; the rename is still atomic
-        pass
 
 
 def _jsonable(obj: Any) -> Any:
@@ -128,12 +96,8 @@ class Run:
 
     def write_table(self, name: str, df) -> Path:
         """Store a pandas DataFrame as <name>.parquet, atomically; records it in meta['tables']."""
-        import io
         _check_name(name)
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
-        p = self.path / f"{name}.parquet"
-        atomic_write_bytes(p, buf.getvalue())
+        p = atomic_write_table(self.path / f"{name}.parquet", df)
         if name not in self.meta["tables"]:
             self.meta["tables"].append(name)
             self._save_meta()

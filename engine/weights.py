@@ -382,13 +382,15 @@ def save_checkpoint(cfg: ModelConfig, w: Weights, out_dir: str | os.PathLike, ma
     """Write Weights as an HF checkpoint directory (config.json + safetensors, sharded with an index when
     max_shard_bytes is given and exceeded)."""
     from safetensors.torch import save_file
+    from kog.fsutil import atomic_output, atomic_write_text
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=1) + "\n")
+    atomic_write_text(d / "config.json", json.dumps(hf_config_dict(cfg), indent=1) + "\n")
     sd = to_hf_state_dict(cfg, w)
     meta = {"format": "pt"}
     if max_shard_bytes is None or sum(t.numel() * t.element_size() for t in sd.values()) <= max_shard_bytes:
-        save_file(sd, str(d / "model.safetensors"), metadata=meta)
+        with atomic_output(d / "model.safetensors") as tmp:
+            save_file(sd, str(tmp), metadata=meta)
         return d
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -403,10 +405,11 @@ def save_checkpoint(cfg: ModelConfig, w: Weights, out_dir: str | os.PathLike, ma
     weight_map = {}
     for j, sh in enumerate(shards, 1):
         fname = f"model-{j:05d}-of-{n:05d}.safetensors"
-        save_file(sh, str(d / fname), metadata=meta)
+        with atomic_output(d / fname) as tmp:
+            save_file(sh, str(tmp), metadata=meta)
         weight_map.update({k: fname for k in sh})
     total = sum(t.numel() * t.element_size() for t in sd.values())
-    (d / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+    atomic_write_text(d / "model.safetensors.index.json",
+                      json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
     return d
 

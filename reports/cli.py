@@ -84,8 +84,16 @@ def _compare(run, other: str, out) -> Path:
     return render_compare(run, b, Path(out) if out else _default_out(run, "compare.html"))
 
 
+def _check_output(args) -> None:
+    """Refuse -o at a symlink, FIFO, device or folder before any rendering (the write refuses it too)."""
+    if getattr(args, "output", None) is not None:
+        from kog.fsutil import check_output_path
+        check_output_path(args.output)
+
+
 def cli_probe_report(args) -> int:
     """kogprobe report [RUN] [--bundled] [--compare RUN2] [-o OUT]."""
+    _check_output(args)
     if getattr(args, "bundled", False) or not getattr(args, "run", None):
         if getattr(args, "run", None):
             raise UsageError("give a RUN or --bundled, not both")
@@ -108,6 +116,7 @@ def cli_probe_report(args) -> int:
 def cli_tune_report(args) -> int:
     """kogtune report RUN | --bundled | --study NAME --storage URL [--compare RUN2] [-o OUT]; dispatches on the run's
     kind (bench -> engine report, study -> tuning report, scan -> topology report)."""
+    _check_output(args)
     out = getattr(args, "output", None)
     if getattr(args, "bundled", False):
         if getattr(args, "run", None) or getattr(args, "study", None):

@@ -103,7 +103,7 @@ def system_breakdowns(doc: dict[str, Any] | None, bd: pd.DataFrame | None) -> di
 def write_chrome_trace(tl: pd.DataFrame, path: Path, system: str | None = None) -> Path:
     """Trace-event JSON (Perfetto / chrome://tracing): one complete ('X') event per timeline row,
     pid = SM, tid = CTA, times in microseconds from the first stamp."""
-    from kog.runstore import atomic_write_bytes
+    from kog.fsutil import atomic_write_bytes
     t0 = int(tl["start_ns"].min()) if len(tl) else 0
     events: list[dict[str, Any]] = []
     for sm in sorted(tl["sm"].unique()):

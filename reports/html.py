@@ -157,7 +157,7 @@ def render_page(out: Path, title: str, subtitle: str | None, facts: dict[str, An
                 sections: list[Section], kind: str, template: str = "report.html.j2",
                 extra: dict[str, Any] | None = None) -> Path:
     """Render the sections into one self-contained HTML file, written atomically."""
-    from kog.runstore import atomic_write_bytes
+    from kog.fsutil import atomic_write_bytes
     from kog import __version__
     page = environment().get_template(template).render(
         title=title, subtitle=subtitle, facts=[(k, fmt_value(v)) for k, v in facts.items()],

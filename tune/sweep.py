@@ -61,19 +61,13 @@ def sweep_path(device_name: str, model_name: str, simulated: bool) -> Path:
 
 def _write_table(rows: list[dict[str, Any]], path: Path, backend: str, name: str, model_name: str):
     """The table so far, written atomically (a kill mid-write leaves the previous version)."""
-    import os
     import pandas as pd
+    from kog.fsutil import atomic_write_table
     df = pd.DataFrame(rows)
     df["backend"] = backend
     df["device"] = name
     df["model"] = model_name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".csv":
-        df.to_csv(tmp, index=False)
-    else:
-        df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write_table(path, df)
     return df
 
 
