@@ -173,3 +173,29 @@ def atomic_write_table(path: str | os.PathLike, df) -> Path:
     else:
         df.to_parquet(buf, index=False)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def set_aside_corrupt(path: str | os.PathLike, why: str) -> Path | None:
+    """keep_aside(path) and say so in one line on stderr; None when another process moved it first."""
+    import sys
+    try:
+        q = keep_aside(path)
+    except FileNotFoundError:
+        return None
+    print(f"kog: warning: {path} cannot be read ({why}); kept aside as {q}", file=sys.stderr)
+    return q
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike):
+    """An exclusive advisory lock on PATH.lock for a read-modify-write of `path` by several processes
+    (two searches saving tuned.json at once must not lose each other's entries)."""
+    p = Path(path)
+    _make_parent(p)
+    fd = os.open(p.with_name(p.name + ".lock"), os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -41,6 +41,10 @@ class RunError(UsageError):
     """A directory that is not a readable kog run."""
 
 
+class NotARunError(RunError):
+    """A folder with no meta.json: something else than a run (a run store lists it as nothing)."""
+
+
 def default_root() -> Path:
     return Path(os.environ.get("KOG_RUNS_DIR", "runs"))
 
@@ -194,6 +198,26 @@ class Run:
     def has_json(self, name: str) -> bool:
         return (self.path / f"{name}.json").exists()
 
+    def corrupt_files(self) -> dict[str, str]:
+        """{file name: why} for each table or JSON document of this run that is there but cannot be read
+        (a truncated Parquet file, JSON cut short): a reader reports these as corrupt, not as missing.
+        Parquet files are checked by their footer (cheap); JSON documents are parsed."""
+        bad: dict[str, str] = {}
+        for p in sorted(self.path.glob("*.parquet")):
+            try:
+                import pyarrow.parquet as pq
+                pq.read_metadata(p)
+            except Exception as e:  # noqa: BLE001 - whatever pyarrow says, the file cannot be read
+                bad[p.name] = f"{type(e).__name__}: {str(e)[:200]}"
+        for p in sorted(self.path.glob("*.json")):
+            if p.name == "meta.json":
+                continue
+            try:
+                json.loads(p.read_text())
+            except Exception as e:  # noqa: BLE001
+                bad[p.name] = f"{type(e).__name__}: {str(e)[:200]}"
+        return bad
+
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, kind={self.meta.get('kind')!r}, status={self.status!r})"
 
@@ -256,17 +280,27 @@ class RunStore:
         run._save_meta()
         return run
 
-    def list(self, kind: str | None = None) -> list[Run]:
-        """Every readable run under the root, oldest first; unreadable directories are skipped."""
+    def list(self, kind: str | None = None, problems: list | None = None) -> list[Run]:
+        """Every readable run under the root, oldest first. Folders that are not runs are skipped; a run
+        folder that cannot be read (corrupt meta.json, no permission) is skipped too, and, given
+        `problems`, appended to it as (path, reason) so the caller can name it."""
         if not self.root.is_dir():
             return []
         runs = []
-        for p in sorted(self.root.iterdir()):
-            if not p.is_dir() or p.name.startswith("."):
-                continue
+        try:
+            children = sorted(self.root.iterdir())
+        except OSError as e:
+            raise RunError(f"cannot list the run store {self.root}: {e.strerror}") from None
+        for p in children:
             try:
+                if not p.is_dir() or p.name.startswith("."):
+                    continue
                 r = open_run(p)
-            except RunError:
+            except NotARunError:
+                continue
+            except (RunError, OSError) as e:
+                if problems is not None:
+                    problems.append((p, str(e)))
                 continue
             if kind is None or r.kind == kind:
                 runs.append(r)
@@ -287,8 +321,16 @@ def _slug(s: str) -> str:
 
 
 def open_run(path: str | os.PathLike) -> Run:
-    """Open a run directory for reading; RunError (one clear line) if it is not a kog run."""
+    """Open a run directory for reading; RunError (one clear line) if it is not a kog run or cannot be read."""
     p = Path(path)
+    try:
+        return _open_run(p)
+    except OSError as e:          # no permission, an I/O error: one line, never a traceback
+        raise RunError(f"cannot read run {p}: {e.strerror or e}") from None
+
+
+def _open_run(p: Path) -> Run:
+    import stat
     if not p.exists():
         raise RunError(f"no such run directory: {p}")
     if not p.is_dir():
@@ -297,16 +339,21 @@ def open_run(path: str | os.PathLike) -> Run:
     if not mp.exists():
         hint = " (it looks like a run store: list it with `kogprobe runs --runs-dir`)" if any(
             (c / "meta.json").exists() for c in p.iterdir() if c.is_dir()) else ""
-        raise RunError(f"not a kog run: {p} has no meta.json{hint}")
+        raise NotARunError(f"not a kog run: {p} has no meta.json{hint}")
+    if not stat.S_ISREG(os.stat(mp).st_mode):      # a FIFO or device would block or never end
+        raise RunError(f"corrupt run: {mp} is not a regular file")
     try:
         meta = json.loads(mp.read_text())
     except Exception as e:
         raise RunError(f"corrupt run: {mp} is not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise RunError(f"not a kog run: {mp} lacks the '{FORMAT}' format marker")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise RunError(f"run {p} was written by a newer kog (format {meta.get('format_version')})")
-    if meta.get("kind") not in KINDS:
+    version = meta.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunError(f"corrupt run: {mp} has a malformed format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise RunError(f"run {p} was written by a newer kog (format {version})")
+    if not isinstance(meta.get("kind"), str) or meta.get("kind") not in KINDS:
         raise RunError(f"corrupt run: {mp} has unknown kind {meta.get('kind')!r}")
     tables = meta.get("tables", [])
     if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):

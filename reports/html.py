@@ -183,6 +183,22 @@ def table_or_none(run, name: str):
         return None
 
 
+def corrupt_files(run) -> dict[str, str]:
+    """{file name: why} for the run's files that are there but cannot be read (kog.runstore.Run.corrupt_files);
+    empty for a bench JSON file read on its own."""
+    fn = getattr(run, "corrupt_files", None)
+    return fn() if callable(fn) else {}
+
+
+def note_corrupt(sec: Section, run) -> dict[str, str]:
+    """A warning in `sec` naming every corrupt file of the run (the sections below show them as missing)."""
+    bad = corrupt_files(run)
+    if bad:
+        sec.note("Corrupt files in this run (they cannot be read; the sections that need them say so): "
+                 + "; ".join(f"{n}: {why}" for n, why in bad.items()), "warn")
+    return bad
+
+
 def error_for(run, *names: str) -> str | None:
     """The error a run recorded (meta.json 'errors') for any of `names` (a probe or system name),
     matched loosely: 'signal' finds 'signal', 'probe:signal' or 'signal_latency'."""
