@@ -160,7 +160,11 @@ class Reference(torch.nn.Module):
     # ---- public API ---------------------------------------------------------------------------------------
     def _as_tokens(self, tokens) -> torch.Tensor:
         if not torch.is_tensor(tokens):
-            tokens = torch.tensor(list(tokens), dtype=torch.long)
+            from kog.engine.tokenizer import check_token_ids
+            tokens = torch.tensor(check_token_ids(list(tokens), self.cfg.vocab_size), dtype=torch.long)
+        elif tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
+            from kog.engine.tokenizer import check_token_ids
+            check_token_ids(tokens.view(-1).tolist(), self.cfg.vocab_size)
         return tokens.to(self.device, torch.long).view(-1)
 
     @torch.no_grad()
@@ -169,6 +173,8 @@ class Reference(torch.nn.Module):
         must hold the earlier tokens)."""
         t = self._as_tokens(tokens)
         T = t.shape[0]
+        if start_pos < 0:
+            raise ValueError(f"start_pos {start_pos} is negative")
         if start_pos + T > self.max_seq:
             raise ValueError(f"sequence of {start_pos + T} tokens exceeds the cache's max_seq {self.max_seq}")
         pos = torch.arange(start_pos, start_pos + T, device=self.device)
