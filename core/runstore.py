@@ -46,7 +46,8 @@ class NotARunError(RunError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("KOG_RUNS_DIR", "runs"))
+    """$KOG_RUNS_DIR (an empty value counts as unset), else ./runs."""
+    return Path(os.environ.get("KOG_RUNS_DIR") or "runs")
 
 
 def _utc_now() -> _dt.datetime:
@@ -245,7 +246,23 @@ class RunStore:
     """The runs/ directory (KOG_RUNS_DIR overrides the default ./runs)."""
 
     def __init__(self, root: str | os.PathLike | None = None):
+        if root is not None and str(root) == "":      # Path("") is "." : the runs would land in the cwd
+            raise RunError("the run store path is empty (--runs-dir ''): give a folder")
+        self.from_env = root is None and bool(os.environ.get("KOG_RUNS_DIR"))
         self.root = Path(root) if root is not None else default_root()
+
+    def _where(self) -> str:
+        return f"{self.root} (KOG_RUNS_DIR)" if self.from_env else str(self.root)
+
+    def ensure_root(self) -> Path:
+        """The root, created if absent; RunError (one line) when it is a file or cannot be created."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunError(f"the run store {self._where()} is not a folder")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"cannot create the run store {self._where()}: {e.strerror or e}") from None
+        return self.root
 
     def create(self, kind: str, device=None, argv: list[str] | None = None,
                extra: dict[str, Any] | None = None) -> Run:
@@ -258,7 +275,7 @@ class RunStore:
             _slug(dev.get("name", "gpu")) if isinstance(dev, dict) else "nodevice")
         now = _utc_now()
         base = f"{now:%Y%m%dT%H%M%SZ}-{slug}-{kind}"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.ensure_root()
         path, i = self.root / base, 1
         while True:
             try:
@@ -267,6 +284,8 @@ class RunStore:
             except FileExistsError:
                 i += 1
                 path = self.root / f"{base}-{i}"
+            except OSError as e:
+                raise RunError(f"cannot create a run folder in {self._where()}: {e.strerror or e}") from None
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "status": "running",
             "started": now.isoformat(timespec="seconds"), "finished": None,
@@ -284,6 +303,8 @@ class RunStore:
         """Every readable run under the root, oldest first. Folders that are not runs are skipped; a run
         folder that cannot be read (corrupt meta.json, no permission) is skipped too, and, given
         `problems`, appended to it as (path, reason) so the caller can name it."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunError(f"the run store {self._where()} is not a folder")
         if not self.root.is_dir():
             return []
         runs = []

@@ -86,7 +86,22 @@ def _bench_json_corrupt(tmp: Path) -> Path:
     return p
 
 
+def _csv_text(tmp: Path) -> Path:
+    p = tmp / "sweep.csv"
+    p.write_text("mode,block_k,tok_per_s\ntargeted,1024,800.5\ngrid,1024,fast\n")
+    return p
+
+
+def _read_only(tmp: Path) -> Path:
+    d = tmp / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    return d
+
+
 SETUPS: dict[str, Callable[[Path], object]] = {
+    "csv_text": _csv_text,
+    "read_only": _read_only,
     "ckpt": _ckpt,
     "ckpt_hidden_float": lambda t: _ckpt(t, "hf", {"hidden_size": 64.7}),
     "ckpt_hidden_str": lambda t: _ckpt(t, "hs", {"hidden_size": "64"}),
@@ -122,6 +137,12 @@ class Case:
     code: int = 2
     after: Callable[[dict], bool] | None = None     # what must still hold afterwards (nothing clobbered)
     env: dict[str, str] = field(default_factory=dict)
+    needs_non_root: bool = False                   # permissions do not stop root
+    not_words: tuple[str, ...] = ()                 # substrings the line must not hold (a password)
+
+
+def _search(*extra: str) -> list[str]:
+    return ["kogtune", "search", "--backend", "sim", "--trials", "1", "--runs-dir", "{tmp}/runs", *extra]
 
 
 def _gen(model: str, *extra: str) -> list[str]:
@@ -209,6 +230,33 @@ CASES = [
          words=("cannot write",)),
     Case("bench-json-corrupt", ["kogtune", "report", "{bench_json_corrupt}", "-o", "{tmp}/r.html"],
          words=("bench JSON",)),
+    Case("report-output-read-only-folder", ["kogprobe", "report", "--bundled", "-o", "{read_only}/r.html"],
+         words=("cannot write", "ro"), needs_non_root=True),
+    # ---- search arguments and storage -------------------------------------------------------------------
+    Case("search-timeout-zero", _search("--timeout", "0"), words=("--timeout", "> 0")),
+    Case("search-timeout-negative", _search("--timeout", "-1"), words=("--timeout",)),
+    Case("search-timeout-nan", _search("--timeout", "nan"), words=("--timeout",)),
+    Case("search-trials-zero", _search("--trials", "0"), words=("--trials",)),
+    Case("search-workers-zero", _search("--workers", "0"), words=("--workers",)),
+    Case("search-runs-dir-empty", ["kogtune", "search", "--backend", "sim", "--runs-dir", ""],
+         words=("empty", "--runs-dir")),
+    Case("search-runs-dir-a-file", ["kogtune", "search", "--backend", "sim", "--runs-dir", "{file}"],
+         words=("plainfile", "not a folder")),
+    Case("search-kog-runs-dir-a-file", ["kogtune", "search", "--backend", "sim"], env={"KOG_RUNS_DIR": "{tmp}/f"},
+         words=("KOG_RUNS_DIR", "not a folder")),
+    Case("runs-kog-runs-dir-a-file", ["kogprobe", "runs"], env={"KOG_RUNS_DIR": "{tmp}/f"},
+         words=("KOG_RUNS_DIR", "not a folder")),
+    Case("runs-dir-empty", ["kogprobe", "runs", "--runs-dir", ""], words=("empty",)),
+    Case("search-storage-not-a-url", _search("--storage", "notaurl"), words=("storage", "notaurl")),
+    Case("search-storage-unsupported", _search("--storage", "mongodb://x/y"), words=("storage", "mongodb")),
+    Case("search-storage-missing-folder", _search("--storage", "sqlite:////nonexistent/dir/x.db"),
+         words=("storage", "/nonexistent/dir")),
+    Case("search-storage-sqlite-on-a-folder", _search("--storage", "sqlite:///{tmp}"), words=("storage",)),
+    Case("search-storage-bad-password-hidden", _search("--storage", "postgresql://u:secret@127.0.0.1:1/db"),
+         words=("storage", "127.0.0.1"), not_words=("secret",)),
+    Case("search-unknown-model", _search("--model", "nope-7b"), words=("unknown model", "nope-7b")),
+    Case("replay-text-in-tok-per-s", ["kogtune", "replay", "{csv_text}"], words=("row 2", "tok_per_s", "fast")),
+    Case("replay-missing-file", ["kogtune", "replay", "{tmp}/none.parquet"], words=("no such sweep",)),
 ]
 
 
@@ -243,6 +291,9 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path / "tuned"))
     monkeypatch.setenv("KOG_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.delenv("KOG_DEBUG", raising=False)
+    if case.needs_non_root and os.geteuid() == 0:
+        pytest.skip("running as root: permissions do not apply")
+    (tmp_path / "f").write_text("a file where a folder should be")
     for k, v in case.env.items():
         monkeypatch.setenv(k, _fill(v, {"tmp": tmp_path}))
     values: dict = {"tmp": tmp_path}
@@ -273,5 +324,7 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
         assert "\n" not in line
     for w in case.words:
         assert w.lower() in line.lower(), (w, line)
+    for w in case.not_words:
+        assert w not in line, (w, line)
     if case.after is not None:
         assert case.after(values), "something already there was changed"

@@ -48,9 +48,9 @@ def quiet_optuna() -> None:
 
 # ---- storage -------------------------------------------------------------------------------------
 def default_storage(runs_dir: str | os.PathLike | None) -> str:
-    from kog.runstore import default_root
-    root = Path(runs_dir) if runs_dir else default_root()
-    root.mkdir(parents=True, exist_ok=True)
+    """The study database beside the runs: the same folder the run store writes (RunStore's root)."""
+    from kog.runstore import RunStore
+    root = RunStore(runs_dir).ensure_root()
     return f"sqlite:///{(root / 'kog-studies.db').resolve()}"
 
 
@@ -713,16 +713,27 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 # ---- the command ------------------------------------------------------------------------------------
+def check_search_args(args) -> None:
+    """One line (exit 2) for arguments no search can run with, before any study is opened."""
+    import math
+    from kog.runstore import RunStore
+    if args.trials < 1:
+        raise UsageError("--trials must be >= 1")
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout:g} (every trial "
+                         f"would be stored as a failed hang)")
+    RunStore(args.runs_dir).ensure_root()     # the study and the run folder go to one place, or none
+
+
 def cli_search(args) -> int:
     import multiprocessing as mp
     import optuna
     from optuna.trial import TrialState
     quiet_optuna()
+    check_search_args(args)
     s = prepare(args)
-    if args.trials < 1:
-        raise UsageError("--trials must be >= 1")
-    if args.workers < 1:
-        raise UsageError("--workers must be >= 1")
     seed = getattr(args, "seed", None)
     storage = open_storage(s.storage_url)
     make_sampler(args.sampler, seed)      # a missing sampler dependency fails here, before any work
