@@ -127,11 +127,6 @@ class ModelConfig:
                  f"must be a finite number > 0, got {v!r}")
         mp = self.max_position_embeddings
         need(isinstance(mp, int) and mp > 0, "max_position_embeddings", f"must be a positive integer, got {mp!r}")
-        for f_, ids in (("eos_token_id", self.eos_token_id), ("bos_token_id", (
-                () if self.bos_token_id is None else (self.bos_token_id,)))):
-            for t in ids:
-                need(isinstance(t, int) and 0 <= t < self.vocab_size, f_,
-                     f"token id {t!r} is outside the vocabulary [0, {self.vocab_size})")
         need(self.num_heads % self.num_kv_heads == 0, "num_key_value_heads",
              f"{self.num_kv_heads} does not divide num_attention_heads {self.num_heads}")
         need(self.head_dim % 2 == 0, "head_dim", f"RoPE needs an even head_dim, got {self.head_dim}")
@@ -147,6 +142,17 @@ class ModelConfig:
                 for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
                     need(isinstance(self.rope_scaling.get(k), (int, float)), f"rope_scaling.{k}",
                          "missing or not a number (needed by rope_type llama3)")
+        return self
+
+    def _check_special_ids(self) -> "ModelConfig":
+        """A checkpoint's eos/bos ids lie in its vocabulary (not part of validate(): a tensor-parallel shard's
+        config has a slice of the vocabulary and the model's full-vocabulary ids)."""
+        for f_, ids in (("eos_token_id", self.eos_token_id),
+                        ("bos_token_id", () if self.bos_token_id is None else (self.bos_token_id,))):
+            for t in ids:
+                if not (isinstance(t, int) and 0 <= t < self.vocab_size):
+                    raise ConfigError(f"config field '{f_}': token id {t!r} is outside the vocabulary "
+                                      f"[0, {self.vocab_size})")
         return self
 
     @classmethod
@@ -234,7 +240,7 @@ class ModelConfig:
                 bos_token_id=None if bos is None else whole("bos_token_id", bos), eos_token_id=eos_t,
                 dtype=str(dtype), name=name,
                 sliding_window=whole("sliding_window", sliding) if sliding is not None else None,
-            ).validate()
+            ).validate()._check_special_ids()
         except (TypeError, ValueError) as e:
             raise ConfigError(f"config.json has a field of the wrong type: {e}") from None
 
