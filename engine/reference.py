@@ -159,12 +159,14 @@ class Reference(torch.nn.Module):
 
     # ---- public API ---------------------------------------------------------------------------------------
     def _as_tokens(self, tokens) -> torch.Tensor:
+        """Token ids as a long tensor; ConfigError for an id outside the embedding's rows (the vocabulary: a
+        tensor-parallel shard's config slices vocab_size, its embedding keeps every row)."""
+        from kog.engine.tokenizer import check_token_ids
+        rows = self.embed.shape[0]
         if not torch.is_tensor(tokens):
-            from kog.engine.tokenizer import check_token_ids
-            tokens = torch.tensor(check_token_ids(list(tokens), self.cfg.vocab_size), dtype=torch.long)
-        elif tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
-            from kog.engine.tokenizer import check_token_ids
-            check_token_ids(tokens.view(-1).tolist(), self.cfg.vocab_size)
+            tokens = torch.tensor(check_token_ids(list(tokens), rows), dtype=torch.long)
+        elif tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= rows):
+            check_token_ids(tokens.view(-1).tolist(), rows)
         return tokens.to(self.device, torch.long).view(-1)
 
     @torch.no_grad()
