@@ -67,6 +67,18 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _trial_workers(pids: set[int]) -> set[int]:
+    """The `python -m kog.tune.worker` processes among `pids`."""
+    out = set()
+    for q in pids:
+        try:
+            if b"kog.tune.worker" in Path(f"/proc/{q}/cmdline").read_bytes():
+                out.add(q)
+        except OSError:
+            pass
+    return out
+
+
 def _alive(pid: int) -> bool:
     """Alive and not a zombie (a container's PID 1 may never reap an orphan)."""
     try:
@@ -113,6 +125,8 @@ def test_workers_die_with_a_killed_search(tmp_path):
     tree: set[int] = set()
     try:
         _poll(lambda: len(_claimed_running(storage, "orphans")) >= 2, "both workers run a trial", proc=p)
+        # a trial is claimed a moment before its worker process starts: wait for both trial workers
+        _poll(lambda: len(_trial_workers(_descendants(p.pid))) >= 2, "both trial worker processes", proc=p)
         tree = _descendants(p.pid)
         assert len(tree) >= 4, tree                 # 2 search workers + their trial workers
         os.kill(p.pid, signal.SIGKILL)              # the search alone, not its group
@@ -142,6 +156,7 @@ def test_sigterm_fails_the_running_trial_and_writes_an_incomplete_run(tmp_path, 
     try:
         running = _poll(lambda: len(_claimed_running(storage, "term")) >= workers and
                         _claimed_running(storage, "term"), "a trial is running", proc=p)
+        _poll(lambda: len(_trial_workers(_descendants(p.pid))) >= workers, "the trial worker processes", proc=p)
         tree = _descendants(p.pid)
         os.kill(p.pid, signal.SIGTERM)
         out, err = p.communicate(timeout=BOUND_S)
