@@ -21,6 +21,7 @@ import torch
 from kog.engine.config import PRESETS
 from kog.engine.engine_config import EngineConfig
 from kog.engine.monokernel import Monokernel
+from kog.fsutil import atomic_write_table
 from kog.engine.reference import Reference
 from kog.engine.weights import random_weights
 from kog.provenance import git_commit, package_versions, source_digest
@@ -37,8 +38,8 @@ R: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version_
 
 
 def save():
-    with open(f"{OUT}/{TAG}.json", "w") as f:
-        json.dump(R, f, indent=1, default=str)
+    from kog.fsutil import atomic_write_text
+    atomic_write_text(f"{OUT}/{TAG}.json", json.dumps(R, indent=1, default=str))
 
 
 def section(name):
@@ -136,9 +137,9 @@ def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
         table = b.pop("table", None)
         attn = b.pop("attn_table", None)
         if timeline and table is not None:     # the raw per-task trace, for kog.reports.layer_anatomy
-            table.assign(system=timeline).to_parquet(f"{OUT}/timeline_{timeline}.parquet")
+            atomic_write_table(f"{OUT}/timeline_{timeline}.parquet", table.assign(system=timeline))
         if timeline and attn is not None:
-            attn.to_parquet(f"{OUT}/attn_{timeline}.parquet")
+            atomic_write_table(f"{OUT}/attn_{timeline}.parquet", attn)
         res["breakdown"] = b
     return res
 

@@ -62,10 +62,8 @@ R: dict = {}
 
 
 def save() -> None:
-    tmp = f"{OUT}/tp_check.json.tmp"
-    with open(tmp, "w") as f:
-        json.dump(R, f, indent=1, default=str)
-    os.replace(tmp, f"{OUT}/tp_check.json")
+    from kog.fsutil import atomic_write_text
+    atomic_write_text(f"{OUT}/tp_check.json", json.dumps(R, indent=1, default=str))
 
 
 def step(where: dict, name: str, fn, deadline: float):

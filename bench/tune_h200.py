@@ -70,9 +70,8 @@ def main() -> int:
 
     def save() -> None:
         R["elapsed_s"] = round(time.time() - T0, 1)
-        tmp = out / "tune_h200.json.tmp"
-        tmp.write_text(json.dumps(R, indent=1, default=str))
-        os.replace(tmp, out / "tune_h200.json")
+        from kog.fsutil import atomic_write_text
+        atomic_write_text(out / "tune_h200.json", json.dumps(R, indent=1, default=str))
 
     try:
         from kog.probe.device import require_gpu

@@ -23,11 +23,11 @@ import os
 import platform
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from kog.errors import UsageError
+from kog.fsutil import atomic_write_bytes, atomic_write_table  # re-exported: the writers' one atomic write
 from kog.provenance import git_commit, package_versions, source_digest
 
 FORMAT = "kog-run"
@@ -41,44 +41,17 @@ class RunError(UsageError):
     """A directory that is not a readable kog run."""
 
 
+class NotARunError(RunError):
+    """A folder with no meta.json: something else than a run (a run store lists it as nothing)."""
+
+
 def default_root() -> Path:
-    return Path(os.environ.get("KOG_RUNS_DIR", "runs"))
+    """$KOG_RUNS_DIR (an empty value counts as unset), else ./runs."""
+    return Path(os.environ.get("KOG_RUNS_DIR") or "runs")
 
 
 def _utc_now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader never sees a half-written file (temp file + rename).
-
-    The temp file lives in the same directory (a rename across file systems is not atomic) and is
-    fsynced before the rename; the directory is fsynced after it where the OS allows, so a power cut
-    leaves the old file or the new one, never a torn one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:  # some file systems refuse fsync on a directory; the rename is still atomic
-        pass
 
 
 def _jsonable(obj: Any) -> Any:
@@ -128,12 +101,8 @@ class Run:
 
     def write_table(self, name: str, df) -> Path:
         """Store a pandas DataFrame as <name>.parquet, atomically; records it in meta['tables']."""
-        import io
         _check_name(name)
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
-        p = self.path / f"{name}.parquet"
-        atomic_write_bytes(p, buf.getvalue())
+        p = atomic_write_table(self.path / f"{name}.parquet", df)
         if name not in self.meta["tables"]:
             self.meta["tables"].append(name)
             self._save_meta()
@@ -230,6 +199,26 @@ class Run:
     def has_json(self, name: str) -> bool:
         return (self.path / f"{name}.json").exists()
 
+    def corrupt_files(self) -> dict[str, str]:
+        """{file name: why} for each table or JSON document of this run that is there but cannot be read
+        (a truncated Parquet file, JSON cut short): a reader reports these as corrupt, not as missing.
+        Parquet files are checked by their footer (cheap); JSON documents are parsed."""
+        bad: dict[str, str] = {}
+        for p in sorted(self.path.glob("*.parquet")):
+            try:
+                import pyarrow.parquet as pq
+                pq.read_metadata(p)
+            except Exception as e:  # noqa: BLE001 - whatever pyarrow says, the file cannot be read
+                bad[p.name] = f"{type(e).__name__}: {str(e)[:200]}"
+        for p in sorted(self.path.glob("*.json")):
+            if p.name == "meta.json":
+                continue
+            try:
+                json.loads(p.read_text())
+            except Exception as e:  # noqa: BLE001
+                bad[p.name] = f"{type(e).__name__}: {str(e)[:200]}"
+        return bad
+
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, kind={self.meta.get('kind')!r}, status={self.status!r})"
 
@@ -257,7 +246,23 @@ class RunStore:
     """The runs/ directory (KOG_RUNS_DIR overrides the default ./runs)."""
 
     def __init__(self, root: str | os.PathLike | None = None):
+        if root is not None and str(root) == "":      # Path("") is "." : the runs would land in the cwd
+            raise RunError("the run store path is empty (--runs-dir ''): give a folder")
+        self.from_env = root is None and bool(os.environ.get("KOG_RUNS_DIR"))
         self.root = Path(root) if root is not None else default_root()
+
+    def _where(self) -> str:
+        return f"{self.root} (KOG_RUNS_DIR)" if self.from_env else str(self.root)
+
+    def ensure_root(self) -> Path:
+        """The root, created if absent; RunError (one line) when it is a file or cannot be created."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunError(f"the run store {self._where()} is not a folder")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"cannot create the run store {self._where()}: {e.strerror or e}") from None
+        return self.root
 
     def create(self, kind: str, device=None, argv: list[str] | None = None,
                extra: dict[str, Any] | None = None) -> Run:
@@ -270,7 +275,7 @@ class RunStore:
             _slug(dev.get("name", "gpu")) if isinstance(dev, dict) else "nodevice")
         now = _utc_now()
         base = f"{now:%Y%m%dT%H%M%SZ}-{slug}-{kind}"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.ensure_root()
         path, i = self.root / base, 1
         while True:
             try:
@@ -279,6 +284,8 @@ class RunStore:
             except FileExistsError:
                 i += 1
                 path = self.root / f"{base}-{i}"
+            except OSError as e:
+                raise RunError(f"cannot create a run folder in {self._where()}: {e.strerror or e}") from None
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "status": "running",
             "started": now.isoformat(timespec="seconds"), "finished": None,
@@ -292,17 +299,29 @@ class RunStore:
         run._save_meta()
         return run
 
-    def list(self, kind: str | None = None) -> list[Run]:
-        """Every readable run under the root, oldest first; unreadable directories are skipped."""
+    def list(self, kind: str | None = None, problems: list | None = None) -> list[Run]:
+        """Every readable run under the root, oldest first. Folders that are not runs are skipped; a run
+        folder that cannot be read (corrupt meta.json, no permission) is skipped too, and, given
+        `problems`, appended to it as (path, reason) so the caller can name it."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunError(f"the run store {self._where()} is not a folder")
         if not self.root.is_dir():
             return []
         runs = []
-        for p in sorted(self.root.iterdir()):
-            if not p.is_dir() or p.name.startswith("."):
-                continue
+        try:
+            children = sorted(self.root.iterdir())
+        except OSError as e:
+            raise RunError(f"cannot list the run store {self.root}: {e.strerror}") from None
+        for p in children:
             try:
+                if not p.is_dir() or p.name.startswith("."):
+                    continue
                 r = open_run(p)
-            except RunError:
+            except NotARunError:
+                continue
+            except (RunError, OSError) as e:
+                if problems is not None:
+                    problems.append((p, str(e)))
                 continue
             if kind is None or r.kind == kind:
                 runs.append(r)
@@ -323,8 +342,16 @@ def _slug(s: str) -> str:
 
 
 def open_run(path: str | os.PathLike) -> Run:
-    """Open a run directory for reading; RunError (one clear line) if it is not a kog run."""
+    """Open a run directory for reading; RunError (one clear line) if it is not a kog run or cannot be read."""
     p = Path(path)
+    try:
+        return _open_run(p)
+    except OSError as e:          # no permission, an I/O error: one line, never a traceback
+        raise RunError(f"cannot read run {p}: {e.strerror or e}") from None
+
+
+def _open_run(p: Path) -> Run:
+    import stat
     if not p.exists():
         raise RunError(f"no such run directory: {p}")
     if not p.is_dir():
@@ -333,16 +360,21 @@ def open_run(path: str | os.PathLike) -> Run:
     if not mp.exists():
         hint = " (it looks like a run store: list it with `kogprobe runs --runs-dir`)" if any(
             (c / "meta.json").exists() for c in p.iterdir() if c.is_dir()) else ""
-        raise RunError(f"not a kog run: {p} has no meta.json{hint}")
+        raise NotARunError(f"not a kog run: {p} has no meta.json{hint}")
+    if not stat.S_ISREG(os.stat(mp).st_mode):      # a FIFO or device would block or never end
+        raise RunError(f"corrupt run: {mp} is not a regular file")
     try:
         meta = json.loads(mp.read_text())
     except Exception as e:
         raise RunError(f"corrupt run: {mp} is not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise RunError(f"not a kog run: {mp} lacks the '{FORMAT}' format marker")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise RunError(f"run {p} was written by a newer kog (format {meta.get('format_version')})")
-    if meta.get("kind") not in KINDS:
+    version = meta.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunError(f"corrupt run: {mp} has a malformed format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise RunError(f"run {p} was written by a newer kog (format {version})")
+    if not isinstance(meta.get("kind"), str) or meta.get("kind") not in KINDS:
         raise RunError(f"corrupt run: {mp} has unknown kind {meta.get('kind')!r}")
     tables = meta.get("tables", [])
     if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):

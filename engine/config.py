@@ -8,6 +8,7 @@ random tensors (kog.engine.weights.random_weights), so benchmarks need no downlo
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,12 @@ class ModelConfig:
                    "num_kv_heads", "head_dim"):
             v = getattr(self, f_)
             need(isinstance(v, int) and v > 0, f_, f"must be a positive integer, got {v!r}")
+        for f_ in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, f_)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0, f_,
+                 f"must be a finite number > 0, got {v!r}")
+        mp = self.max_position_embeddings
+        need(isinstance(mp, int) and mp > 0, "max_position_embeddings", f"must be a positive integer, got {mp!r}")
         need(self.num_heads % self.num_kv_heads == 0, "num_key_value_heads",
              f"{self.num_kv_heads} does not divide num_attention_heads {self.num_heads}")
         need(self.head_dim % 2 == 0, "head_dim", f"RoPE needs an even head_dim, got {self.head_dim}")
@@ -137,6 +144,17 @@ class ModelConfig:
                          "missing or not a number (needed by rope_type llama3)")
         return self
 
+    def _check_special_ids(self) -> "ModelConfig":
+        """A checkpoint's eos/bos ids lie in its vocabulary (not part of validate(): a tensor-parallel shard's
+        config has a slice of the vocabulary and the model's full-vocabulary ids)."""
+        for f_, ids in (("eos_token_id", self.eos_token_id),
+                        ("bos_token_id", () if self.bos_token_id is None else (self.bos_token_id,))):
+            for t in ids:
+                if not (isinstance(t, int) and 0 <= t < self.vocab_size):
+                    raise ConfigError(f"config field '{f_}': token id {t!r} is outside the vocabulary "
+                                      f"[0, {self.vocab_size})")
+        return self
+
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], name: str = "custom") -> "ModelConfig":
         """Build from an HF config.json dict; ConfigError names the first bad or missing field."""
@@ -145,6 +163,9 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         if not archs:
             raise ConfigError("config field 'architectures' is missing")
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ConfigError(f"config field 'architectures': must be a list of names, e.g. "
+                              f"[\"LlamaForCausalLM\"], not {archs!r}")
         arch = ARCHITECTURES.get(archs[0])
         if arch is None:
             raise ConfigError(f"config field 'architectures': {archs[0]} is not supported "
@@ -154,6 +175,18 @@ class ModelConfig:
             if key not in cfg or cfg[key] is None:
                 raise ConfigError(f"config field '{key}' is missing")
             return cfg[key]
+
+        def whole(key: str, v):
+            """An integer field: 2048 or 2048.0, never 64.7 (int() would truncate it), a string or a bool."""
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not (
+                    math.isfinite(v) and v.is_integer())):
+                raise ConfigError(f"config field '{key}': must be an integer, got {v!r}")
+            return int(v)
+
+        def number(key: str, v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(f"config field '{key}': must be a number, got {v!r}")
+            return float(v)
 
         if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
             raise ConfigError(f"config field 'hidden_act': {cfg['hidden_act']!r} is not supported (supported: silu)")
@@ -184,25 +217,30 @@ class ModelConfig:
         rope_theta = cfg.get("rope_theta", rp.get("rope_theta", 10000.0))
 
         try:
-            H, nh = int(req("hidden_size")), int(req("num_attention_heads"))
+            H, nh = whole("hidden_size", req("hidden_size")), whole("num_attention_heads", req("num_attention_heads"))
             eos = cfg.get("eos_token_id")
-            eos_t = tuple(int(e) for e in eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
+            eos_t = tuple(whole("eos_token_id", e) for e in eos) if isinstance(eos, list) else (
+                (whole("eos_token_id", eos),) if eos is not None else ())
+            bos = cfg.get("bos_token_id")
             dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
             head_dim = cfg.get("head_dim") or H // nh
             return cls(
-                arch=arch, vocab_size=int(req("vocab_size")), hidden_size=H,
-                intermediate_size=int(req("intermediate_size")), num_layers=int(req("num_hidden_layers")),
-                num_heads=nh, num_kv_heads=int(cfg.get("num_key_value_heads") or nh), head_dim=int(head_dim),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(rope_theta),
+                arch=arch, vocab_size=whole("vocab_size", req("vocab_size")), hidden_size=H,
+                intermediate_size=whole("intermediate_size", req("intermediate_size")),
+                num_layers=whole("num_hidden_layers", req("num_hidden_layers")),
+                num_heads=nh, num_kv_heads=whole("num_key_value_heads", cfg.get("num_key_value_heads") or nh),
+                head_dim=whole("head_dim", head_dim),
+                rms_norm_eps=number("rms_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=number("rope_theta", rope_theta),
                 rope_scaling=rope_scaling,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=attention_bias,
                 qk_norm=arch == "qwen3",
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                bos_token_id=cfg.get("bos_token_id"), eos_token_id=eos_t, dtype=str(dtype), name=name,
-                sliding_window=int(sliding) if sliding is not None else None,
-            ).validate()
+                max_position_embeddings=whole("max_position_embeddings", cfg.get("max_position_embeddings", 4096)),
+                bos_token_id=None if bos is None else whole("bos_token_id", bos), eos_token_id=eos_t,
+                dtype=str(dtype), name=name,
+                sliding_window=whole("sliding_window", sliding) if sliding is not None else None,
+            ).validate()._check_special_ids()
         except (TypeError, ValueError) as e:
             raise ConfigError(f"config.json has a field of the wrong type: {e}") from None
 

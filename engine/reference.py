@@ -159,8 +159,14 @@ class Reference(torch.nn.Module):
 
     # ---- public API ---------------------------------------------------------------------------------------
     def _as_tokens(self, tokens) -> torch.Tensor:
+        """Token ids as a long tensor; ConfigError for an id outside the embedding's rows (the vocabulary: a
+        tensor-parallel shard's config slices vocab_size, its embedding keeps every row)."""
+        from kog.engine.tokenizer import check_token_ids
+        rows = self.embed.shape[0]
         if not torch.is_tensor(tokens):
-            tokens = torch.tensor(list(tokens), dtype=torch.long)
+            tokens = torch.tensor(check_token_ids(list(tokens), rows), dtype=torch.long)
+        elif tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= rows):
+            check_token_ids(tokens.view(-1).tolist(), rows)
         return tokens.to(self.device, torch.long).view(-1)
 
     @torch.no_grad()
@@ -169,6 +175,8 @@ class Reference(torch.nn.Module):
         must hold the earlier tokens)."""
         t = self._as_tokens(tokens)
         T = t.shape[0]
+        if start_pos < 0:
+            raise ValueError(f"start_pos {start_pos} is negative")
         if start_pos + T > self.max_seq:
             raise ValueError(f"sequence of {start_pos + T} tokens exceeds the cache's max_seq {self.max_seq}")
         pos = torch.arange(start_pos, start_pos + T, device=self.device)

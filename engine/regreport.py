@@ -36,6 +36,7 @@ from typing import Any
 from kog.engine.config import ModelConfig
 from kog.engine.engine_config import EngineConfig
 from kog.errors import KogError, UsageError, cli_entry
+from kog.fsutil import atomic_write_bytes, atomic_write_text
 
 PROG = "python -m kog.engine.regreport"
 
@@ -375,16 +376,16 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
         d.mkdir(parents=True, exist_ok=True)
         for ext in ("ttir", "ttgir", "llir", "ptx"):
             if ext in k.asm:
-                (d / f"monokernel.{ext}").write_text(k.asm[ext])
-        (d / "monokernel.cubin").write_bytes(k.asm["cubin"])
-        (d / "ptxas.log").write_text(log)
-        (d / "report.json").write_text(json.dumps(rep, indent=1))
+                atomic_write_text(d / f"monokernel.{ext}", k.asm[ext])
+        atomic_write_bytes(d / "monokernel.cubin", k.asm["cubin"])
+        atomic_write_text(d / "ptxas.log", log)
+        atomic_write_text(d / "report.json", json.dumps(rep, indent=1))
     if sass:
         text = sass_text(k.asm["cubin"])
         rep["sass"] = sass_counts(text)
         if keep_dir:
-            Path(keep_dir, "monokernel.sass").write_text(text)
-            Path(keep_dir, "report.json").write_text(json.dumps(rep, indent=1))
+            atomic_write_text(Path(keep_dir, "monokernel.sass"), text)
+            atomic_write_text(Path(keep_dir, "report.json"), json.dumps(rep, indent=1))
     return rep
 
 

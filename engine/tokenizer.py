@@ -14,6 +14,38 @@ from kog.engine.config import ConfigError, ModelConfig
 BYTE_OFFSET = 3          # ids 0..2 stay free for pad/bos/eos, as byte-level vocabularies usually have them
 
 
+def check_token_ids(ids, vocab_size: int, what: str = "prompt") -> list[int]:
+    """`ids` as a list of ints, or ConfigError naming the first id outside [0, vocab_size) (an embedding
+    lookup of -1 silently reads the last row; one past the end reads other memory on the GPU)."""
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            try:
+                import numbers
+                ok = isinstance(t, numbers.Integral) or (hasattr(t, "dtype") and not t.is_floating_point())
+            except Exception:
+                ok = False
+            if not ok:
+                raise ConfigError(f"{what} token {i}: {t!r} is not an integer token id")
+        t = int(t)
+        if not 0 <= t < vocab_size:
+            raise ConfigError(f"{what} token {i}: id {t} is outside the vocabulary [0, {vocab_size})")
+        out.append(t)
+    return out
+
+
+def check_text(text: str, what: str = "--prompt") -> str:
+    """`text` if it encodes as UTF-8; ConfigError naming the offending position otherwise (bytes from argv
+    that are not UTF-8 arrive as lone surrogates, which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f" (byte 0x{ord(bad) - 0xDC00:02x})" if 0xDC80 <= ord(bad) <= 0xDCFF else ""
+        raise ConfigError(f"{what} is not valid UTF-8 text: character {e.start}{byte}") from None
+    return text
+
+
 class ByteTokenizer:
     kind = "bytes"
 

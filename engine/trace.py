@@ -107,6 +107,5 @@ def chrome_trace(df, path: str | Path) -> Path:
         events.append({"name": f"{r.phase} L{r.layer}", "ph": "X", "pid": int(r.sm), "tid": int(r.cta),
                        "ts": r.start_ns / 1e3, "dur": max((r.end_ns - r.start_ns) / 1e3, 0.001),
                        "args": {"task": int(r.task), "step": int(r.step), "wait_us": r.wait_ns / 1e3}})
-    p = Path(path)
-    p.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
-    return p
+    from kog.fsutil import atomic_write_text
+    return atomic_write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))

@@ -207,7 +207,10 @@ class _Reader:
             t = h.get_tensor(name)
         except Exception as e:
             raise ConfigError(f"tensor {name}: cannot read from {f.name}: {e}") from None
-        return t.to(device=device, dtype=dtype)
+        t = t.to(device=device, dtype=dtype)
+        check_finite(name, t, f" (in {f.name}" + (f", as {str(dtype).replace('torch.', '')})"
+                                                  if _STORAGE_DTYPES[st_dtype] != dtype else ")"))
+        return t
 
 
 def _model_dtype(cfg: ModelConfig, dtype) -> str:
@@ -258,18 +261,43 @@ def load_checkpoint(ckpt: str | os.PathLike, device="cpu", dtype=None) -> tuple[
             w[q + "w_down"] = get(p + "mlp.down_proj.weight")
         w["norm"] = get("model.norm.weight")
         w["lm_head"] = w["embed"] if cfg.tie_word_embeddings else get("lm_head.weight")
-    check_weights(cfg, w)
+    check_weights(cfg, w, finite=False)        # each tensor was checked for NaN/Inf as it was read
     return cfg, w
 
 
-def check_weights(cfg: ModelConfig, w: Weights) -> None:
-    """ConfigError naming the first canonical tensor that is missing or misshapen."""
+_FINITE_CHUNK = 1 << 24    # elements per isfinite pass: bounds the temporary mask (16 MB), not the speed
+
+
+def check_finite(name: str, t: torch.Tensor, where: str = "") -> None:
+    """ConfigError naming `name` and the first index of a NaN or Inf in `t`: one such weight makes every
+    logit NaN, and argmax of NaN logits is token 0 forever, a silent garbage generation."""
+    if not t.is_floating_point():
+        return
+    flat = t.reshape(-1)
+    for i in range(0, flat.numel(), _FINITE_CHUNK):
+        ok = torch.isfinite(flat[i:i + _FINITE_CHUNK])
+        if not bool(ok.all()):
+            j = i + int((~ok).nonzero()[0, 0])
+            idx = list(torch.unravel_index(torch.tensor(j), tuple(t.shape)))
+            raise ConfigError(f"tensor {name}{where} has a non-finite value ({float(flat[j])}) at "
+                              f"{[int(x) for x in idx]}: kog refuses NaN/Inf weights")
+
+
+def check_weights(cfg: ModelConfig, w: Weights, finite: bool = True) -> None:
+    """ConfigError naming the first canonical tensor that is missing, misshapen or (finite=True) holds a
+    NaN or Inf. The engines call it before building anything from the weights."""
     for name, shape in expected_shapes(cfg).items():
         t = w.get(name)
         if t is None:
             raise ConfigError(f"missing tensor {name}")
         if tuple(t.shape) != shape:
             raise ConfigError(f"tensor {name}: expected {list(shape)}, got {list(t.shape)}")
+    if finite:
+        seen: set[int] = set()
+        for name in expected_shapes(cfg):
+            if id(w[name]) not in seen:                # a tied lm_head is the embedding: checked once
+                seen.add(id(w[name]))
+                check_finite(name, w[name])
 
 
 # ---- random weights ---------------------------------------------------------------------------------------
@@ -313,7 +341,9 @@ def resolve_model(spec: str | os.PathLike, device="cpu", seed: int = 0, dtype=No
         cfg = preset(s)
         if dtype is not None:
             cfg = cfg.replace(dtype=_model_dtype(cfg, dtype))
-        return cfg, random_weights(cfg, device, seed)
+        w = random_weights(cfg, device, seed)
+        check_weights(cfg, w)
+        return cfg, w
     if Path(s).is_dir():
         return load_checkpoint(s, device, dtype)
     raise ConfigError(f"unknown model {s!r}: not a preset ({', '.join(PRESETS)}) and not a checkpoint directory")
@@ -382,13 +412,15 @@ def save_checkpoint(cfg: ModelConfig, w: Weights, out_dir: str | os.PathLike, ma
     """Write Weights as an HF checkpoint directory (config.json + safetensors, sharded with an index when
     max_shard_bytes is given and exceeded)."""
     from safetensors.torch import save_file
+    from kog.fsutil import atomic_output, atomic_write_text
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=1) + "\n")
+    atomic_write_text(d / "config.json", json.dumps(hf_config_dict(cfg), indent=1) + "\n")
     sd = to_hf_state_dict(cfg, w)
     meta = {"format": "pt"}
     if max_shard_bytes is None or sum(t.numel() * t.element_size() for t in sd.values()) <= max_shard_bytes:
-        save_file(sd, str(d / "model.safetensors"), metadata=meta)
+        with atomic_output(d / "model.safetensors") as tmp:
+            save_file(sd, str(tmp), metadata=meta)
         return d
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -403,10 +435,11 @@ def save_checkpoint(cfg: ModelConfig, w: Weights, out_dir: str | os.PathLike, ma
     weight_map = {}
     for j, sh in enumerate(shards, 1):
         fname = f"model-{j:05d}-of-{n:05d}.safetensors"
-        save_file(sh, str(d / fname), metadata=meta)
+        with atomic_output(d / fname) as tmp:
+            save_file(sh, str(tmp), metadata=meta)
         weight_map.update({k: fname for k in sh})
     total = sum(t.numel() * t.element_size() for t in sd.values())
-    (d / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
+    atomic_write_text(d / "model.safetensors.index.json",
+                      json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n")
     return d
 

@@ -81,7 +81,10 @@ def _scan_report(run):
 
 def cmd_runs(args) -> int:
     from kog.runstore import RunStore
-    runs = RunStore(args.runs_dir).list(args.kind)
+    problems: list = []
+    runs = RunStore(args.runs_dir).list(args.kind, problems=problems)
+    for path, why in problems:       # named, and the others still listed
+        print(f"kogprobe: warning: skipped {path}: {why}", file=sys.stderr)
     rows = [{"path": str(r.path), "kind": r.kind, "status": r.status,
              "device": (r.meta.get("device") or {}).get("name"), "started": r.meta.get("started")}
             for r in runs]

@@ -84,8 +84,28 @@ def _compare(run, other: str, out) -> Path:
     return render_compare(run, b, Path(out) if out else _default_out(run, "compare.html"))
 
 
+def _check_output(args) -> None:
+    """Refuse -o at a symlink, FIFO, device or folder before any rendering (the write refuses it too)."""
+    if getattr(args, "output", None) is not None:
+        from kog.fsutil import check_output_path
+        check_output_path(args.output)
+
+
+def _done(path: Path, *runs) -> int:
+    """Print the report's path; then, if a run had corrupt files (the report names them and shows the rest),
+    one line naming them and exit 2: a corrupt run is not a run whose parts did not run."""
+    print(path)
+    from kog.reports.html import corrupt_files
+    bad = [f"{getattr(r, 'path', r)}/{f} ({why})" for r in runs for f, why in corrupt_files(r).items()]
+    if bad:
+        from kog.runstore import RunError
+        raise RunError(f"corrupt: {'; '.join(bad)}"[:600] + " (the report shows the rest)")
+    return 0
+
+
 def cli_probe_report(args) -> int:
     """kogprobe report [RUN] [--bundled] [--compare RUN2] [-o OUT]."""
+    _check_output(args)
     if getattr(args, "bundled", False) or not getattr(args, "run", None):
         if getattr(args, "run", None):
             raise UsageError("give a RUN or --bundled, not both")
@@ -101,13 +121,13 @@ def cli_probe_report(args) -> int:
                          f"(use `kogtune report` for bench and study runs)")
     out = getattr(args, "output", None)
     path = _compare(run, args.compare, out) if getattr(args, "compare", None) else render_run(run, out)
-    print(path)
-    return 0
+    return _done(path, run)
 
 
 def cli_tune_report(args) -> int:
     """kogtune report RUN | --bundled | --study NAME --storage URL [--compare RUN2] [-o OUT]; dispatches on the run's
     kind (bench -> engine report, study -> tuning report, scan -> topology report)."""
+    _check_output(args)
     out = getattr(args, "output", None)
     if getattr(args, "bundled", False):
         if getattr(args, "run", None) or getattr(args, "study", None):
@@ -118,8 +138,7 @@ def cli_tune_report(args) -> int:
             out = str(Path.cwd() / ("h200-bench-compare.html" if getattr(args, "compare", None)
                                     else "h200-bench-report.html"))
         path = _compare(run, args.compare, out) if getattr(args, "compare", None) else render_run(run, out)
-        print(path)
-        return 0
+        return _done(path, run)
     if getattr(args, "study", None) or (getattr(args, "storage", None) and not getattr(args, "run", None)):
         if not args.storage:
             raise UsageError("--study needs --storage URL (e.g. sqlite:///runs/.../study.db)")
@@ -139,5 +158,4 @@ def cli_tune_report(args) -> int:
         path = render_study_report(run, Path(out) if out else _default_out(run, "report.html"), storage=args.storage)
     else:
         path = render_run(run, out)
-    print(path)
-    return 0
+    return _done(path, run)

@@ -25,7 +25,7 @@ from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.bench_tables import (critical_path_table, layer_segments, model_shapes_of, phase_breakdown,
                                       phase_table, phase_weight_bytes, rel_errs)
-from kog.reports.html import Section, error_for, render_page, table_or_none
+from kog.reports.html import Section, corrupt_files, error_for, note_corrupt, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
 CATEGORIES = ("streaming", "waiting", "barrier", "other")
@@ -103,7 +103,7 @@ def system_breakdowns(doc: dict[str, Any] | None, bd: pd.DataFrame | None) -> di
 def write_chrome_trace(tl: pd.DataFrame, path: Path, system: str | None = None) -> Path:
     """Trace-event JSON (Perfetto / chrome://tracing): one complete ('X') event per timeline row,
     pid = SM, tid = CTA, times in microseconds from the first stamp."""
-    from kog.runstore import atomic_write_bytes
+    from kog.fsutil import atomic_write_bytes
     t0 = int(tl["start_ns"].min()) if len(tl) else 0
     events: list[dict[str, Any]] = []
     for sm in sorted(tl["sm"].unique()):
@@ -177,7 +177,10 @@ def bench_sections(run, out: Path) -> list[Section]:
 
     sec = Section("overview", "Benchmark")
     if doc is None:
-        sec.missing("bench.json: this run has no benchmark document (the bench did not finish).",
+        bad = [f"{f} is corrupt ({why})" for f, why in corrupt_files(run).items()
+               if f in {f"{n}.json" for n in BENCH_JSON_NAMES}]
+        sec.missing("; ".join(bad) + "." if bad else
+                    "bench.json: this run has no benchmark document (the bench did not finish).",
                     error_for(run, "bench"))
     else:
         sec.kv({"model": doc.get("model"), "dtype": doc.get("dtype"), "prompt tokens": doc.get("prompt_tokens"),
@@ -188,6 +191,7 @@ def bench_sections(run, out: Path) -> list[Section]:
                 "bandwidth limit (tok/s)": limit})
         if doc.get("versions"):
             sec.kv({f"{k}": v for k, v in doc["versions"].items()})
+    note_corrupt(sec, run)
     errs = run.meta.get("errors") or {}
     if errs:
         sec.note(f"{len(errs)} part(s) of the bench recorded an error: "

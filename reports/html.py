@@ -157,7 +157,7 @@ def render_page(out: Path, title: str, subtitle: str | None, facts: dict[str, An
                 sections: list[Section], kind: str, template: str = "report.html.j2",
                 extra: dict[str, Any] | None = None) -> Path:
     """Render the sections into one self-contained HTML file, written atomically."""
-    from kog.runstore import atomic_write_bytes
+    from kog.fsutil import atomic_write_bytes
     from kog import __version__
     page = environment().get_template(template).render(
         title=title, subtitle=subtitle, facts=[(k, fmt_value(v)) for k, v in facts.items()],
@@ -181,6 +181,22 @@ def table_or_none(run, name: str):
         return run.table(name)
     except Exception:
         return None
+
+
+def corrupt_files(run) -> dict[str, str]:
+    """{file name: why} for the run's files that are there but cannot be read (kog.runstore.Run.corrupt_files);
+    empty for a bench JSON file read on its own."""
+    fn = getattr(run, "corrupt_files", None)
+    return fn() if callable(fn) else {}
+
+
+def note_corrupt(sec: Section, run) -> dict[str, str]:
+    """A warning in `sec` naming every corrupt file of the run (the sections below show them as missing)."""
+    bad = corrupt_files(run)
+    if bad:
+        sec.note("Corrupt files in this run (they cannot be read; the sections that need them say so): "
+                 + "; ".join(f"{n}: {why}" for n, why in bad.items()), "warn")
+    return bad
 
 
 def error_for(run, *names: str) -> str | None:

@@ -68,8 +68,9 @@ def main(argv=None) -> int:
         print("\nwhat each segment is made of (us; median over layers)")
         print(hop_table(tl, a.system).set_index("segment").round(2).to_string())
     if a.json:
-        Path(a.json).write_text(json.dumps({"model": bench.get("model"), "system": a.system, "run": run.name,
-                                            "median_us": med.reset_index().to_dict("records")}, indent=1) + "\n")
+        from kog.fsutil import atomic_write_text
+        atomic_write_text(a.json, json.dumps({"model": bench.get("model"), "system": a.system, "run": run.name,
+                                              "median_us": med.reset_index().to_dict("records")}, indent=1) + "\n")
     if attn is not None:     # after --json: a stamps file that does not match the run costs only its own table
         at = attn_split_timing(tl, attn, a.system)
         if at.empty:

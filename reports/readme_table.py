@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     block = results_block(benches)
     if args.write:
         p = Path(args.write)
-        p.write_text(replace_block(p.read_text(), block))
+        from kog.fsutil import atomic_write_text
+        atomic_write_text(p, replace_block(p.read_text(), block))
         print(p)
     else:
         print(block)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from kog.errors import UsageError
 from kog.reports import figures as F
-from kog.reports.html import Section, error_for, render_page, table_or_none
+from kog.reports.html import Section, corrupt_files, error_for, note_corrupt, render_page, table_or_none
 
 # table -> the probe that writes it (for the "missing" messages)
 PROBE_OF = {"placement": "placement", "latency": "latency", "l2map": "l2map", "l2_partition": "l2map",
@@ -34,6 +34,10 @@ def _summary(run) -> dict[str, Any]:
 def _missing(sec: Section, run, names: list[str], label: str) -> Section:
     probes = sorted({PROBE_OF.get(n, n) for n in names})
     err = error_for(run, *names, *probes)
+    bad = {f: why for f, why in corrupt_files(run).items() if f in {f"{n}.parquet" for n in names}}
+    if bad:
+        sec.missing(f"{label}: " + "; ".join(f"{f} is corrupt ({why})" for f, why in bad.items()), err)
+        return sec
     tables = ", ".join(f"'{n}'" for n in names)
     sec.missing(f"{label}: this run has no {tables} table{'s' if len(names) > 1 else ''} "
                 f"(probe {', '.join(probes)} did not run or did not finish).", err)
@@ -122,7 +126,10 @@ def scan_sections(run) -> list[Section]:
                 "CUDA graph launch (us)": s.get("graph_launch_us"),
                 "SMs to saturate HBM": s.get("sms_to_saturate_hbm"), "scan time (s)": s.get("scan_seconds")})
     else:
-        sec.missing("summary.json: the scan did not write its summary.", error_for(run, "summary"))
+        why = corrupt_files(run).get("summary.json")
+        sec.missing(f"summary.json is corrupt ({why})." if why else "summary.json: the scan did not write its summary.",
+                    error_for(run, "summary"))
+    note_corrupt(sec, run)
     errs = run.meta.get("errors") or {}
     if errs:
         sec.note(f"{len(errs)} probe(s) recorded an error: " + "; ".join(f"{k}: {v}" for k, v in errs.items()),

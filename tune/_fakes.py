@@ -97,6 +97,28 @@ def monokernel_timeout(payload, report):
     raise MonokernelError("monokernel: a wait timed out on counter 3; the kernel aborted instead of hanging")
 
 
+def await_parties(payload) -> None:
+    """A file barrier: wait until payload['parties'] jobs sharing payload['barrier'] (a folder) have started.
+    Proves jobs run at the same time without timing them: run one after another, the first would wait
+    out the bound and fail."""
+    import uuid
+    from pathlib import Path
+    d = Path(payload["barrier"])
+    d.mkdir(parents=True, exist_ok=True)
+    (d / uuid.uuid4().hex).touch()
+    end = time.monotonic() + float(payload.get("bound_s", 300.0))
+    while sum(1 for _ in d.iterdir()) < int(payload["parties"]):
+        if time.monotonic() > end:
+            raise RuntimeError(f"barrier {d}: {payload['parties']} parties never met (jobs not parallel)")
+        time.sleep(0.05)
+
+
+def together(payload, report):
+    """await_parties, then payload['value']."""
+    await_parties(payload)
+    return float(payload.get("value", 1.0))
+
+
 def record_compile(payload, report):
     """Stands in for precompile_one: appends the config's kernel key to payload['log']."""
     import json
@@ -105,6 +127,8 @@ def record_compile(payload, report):
     keys = {json.dumps(list(kernel_key(EngineConfig.from_dict(c)))) for c in payload.get("configs") or
             [payload["config"]]}
     assert len(keys) == 1, "precompile groups one kernel per job"
+    if payload.get("barrier"):
+        await_parties(payload)
     with open(payload["log"], "a") as f:
         f.write(keys.pop() + "\n")
     time.sleep(float(payload.get("compile_s", 0.0)))

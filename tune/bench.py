@@ -462,9 +462,8 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             run.write_table("timeline", tl[["system", *tl.columns.drop("system")]])
         run.write_json("bench", out)
         if json_out:
-            p = Path(json_out)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(out, indent=1, default=str) + "\n")
+            from kog.fsutil import atomic_write_text
+            atomic_write_text(json_out, json.dumps(out, indent=1, default=str) + "\n")
     return out, run.path
 
 

@@ -40,15 +40,27 @@ def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, 
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+SEED_LIMIT = 2 ** 63      # a seed is an int64 wherever it goes (torch.Generator, the kernel's argument)
+
+
 def _validate(args) -> None:
+    import math
+    from kog.engine.config import ConfigError
+    from kog.engine.tokenizer import check_text
     if args.tokens < 1:
         raise UsageError("--tokens must be >= 1")
     if args.top_k < 0:
         raise UsageError("--top-k must be >= 0")
-    if not 0.0 < args.top_p <= 1.0:
-        raise UsageError("--top-p must be in (0, 1]")
-    if args.temperature < 0:
-        raise UsageError("--temperature must be >= 0")
+    if not 0.0 < args.top_p <= 1.0:          # NaN fails this too
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not 0 <= args.seed < SEED_LIMIT:
+        raise UsageError(f"--seed must be in [0, 2**63), got {args.seed}")
+    try:
+        check_text(args.prompt)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def generate_reference(cfg, weights, prompt_ids: list[int], n: int, temperature=0.0, top_k=0, top_p=1.0,
@@ -107,6 +119,8 @@ def cli_generate(args) -> int:
     prompt_ids = tok.encode(args.prompt)
     if not prompt_ids:
         raise UsageError("--prompt encodes to no tokens")
+    from kog.engine.tokenizer import check_token_ids
+    check_token_ids(prompt_ids, cfg.vocab_size, f"tokenizer {tok.kind} does not fit the model: prompt")
     if len(prompt_ids) + args.tokens > cfg.max_position_embeddings:
         raise UsageError(f"prompt ({len(prompt_ids)} tokens) + --tokens {args.tokens} exceeds the model's "
                          f"max_position_embeddings {cfg.max_position_embeddings}")

@@ -92,6 +92,10 @@ def _spawn(args: list[str], env: dict[str, str] | None):
     err = tempfile.TemporaryFile(mode="w+b")
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("PYTHONFAULTHANDLER", "1")
+    # the worker dies with this process (kog.tune.worker.die_with_parent); the parent-death signal only where
+    # the spawning thread is the main one (it fires when that thread ends, not the process)
+    child_env["KOG_PARENT_PID"] = str(os.getpid())
+    child_env["KOG_PDEATHSIG"] = "1" if threading.current_thread() is threading.main_thread() else "0"
     proc = subprocess.Popen([sys.executable, "-m", "kog.tune.worker", *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=err, env=child_env, start_new_session=True)
     lines: "queue.Queue[bytes | None]" = queue.Queue()

@@ -32,12 +32,26 @@ def load_sweep(path: str | Path):
         raise UsageError(f"sweep table {p} is unreadable: {type(e).__name__}: {e}") from None
     if "tok_per_s" not in df.columns:
         raise UsageError(f"sweep table {p} has no tok_per_s column")
+    df["tok_per_s"] = _numbers(df["tok_per_s"], p)
     params = [c for c in df.columns if c not in NON_PARAM]
     if not params:
         raise UsageError(f"sweep table {p} has no config columns")
     if df["tok_per_s"].notna().sum() == 0:
         raise UsageError(f"sweep table {p} has no successful row")
     return df, params
+
+
+def _numbers(col, path: Path):
+    """The tok_per_s column as floats (empty cells NaN: a failed config); UsageError naming the first row
+    holding text instead of a number (row 1 is the first data row, as a spreadsheet shows it under the
+    header: line row+1 of a CSV)."""
+    import pandas as pd
+    num = pd.to_numeric(col, errors="coerce")
+    bad = col.notna() & num.isna()
+    if bad.any():
+        i = int(bad.to_numpy().nonzero()[0][0])
+        raise UsageError(f"sweep table {path}: row {i + 1}, column tok_per_s holds {col.iloc[i]!r}, not a number")
+    return num.astype(float)
 
 
 def _py(v):

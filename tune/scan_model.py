@@ -181,17 +181,18 @@ def scan_from_dir(path: str | Path) -> ScanModel:
 def write_scan_dir(model: ScanModel, path: str | Path) -> Path:
     """Write `model` as a scan directory (the tables scan_from_dir reads): synthetic scans for tests."""
     import pandas as pd
+    from kog.fsutil import atomic_write_table, atomic_write_text
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"sms": list(model.bw_sms), "kind": "read", "GBps": list(model.bw_gbps)}).to_parquet(
-        p / "bandwidth.parquet", index=False)
-    pd.DataFrame({"ctas": list(model.barrier_ctas), "warps": 4, "us": list(model.barrier_us_)}).to_parquet(
-        p / "barrier.parquet", index=False)
-    pd.DataFrame({"kind": ["oneway"], "us": [model.flag_us]}).to_parquet(p / "flag.parquet", index=False)
-    pd.DataFrame({"mode": ["cooperative"], "us": [model.launch_us]}).to_parquet(p / "launch.parquet", index=False)
-    pd.DataFrame({"bytes": [1 << 30], "ns": [model.latency_ns], "cycles": [model.latency_ns * 1.98],
-                  "level": ["hbm"]}).to_parquet(p / "latency.parquet", index=False)
-    (p / "summary.json").write_text(json.dumps({
+    atomic_write_table(p / "bandwidth.parquet",
+                       pd.DataFrame({"sms": list(model.bw_sms), "kind": "read", "GBps": list(model.bw_gbps)}))
+    atomic_write_table(p / "barrier.parquet",
+                       pd.DataFrame({"ctas": list(model.barrier_ctas), "warps": 4, "us": list(model.barrier_us_)}))
+    atomic_write_table(p / "flag.parquet", pd.DataFrame({"kind": ["oneway"], "us": [model.flag_us]}))
+    atomic_write_table(p / "launch.parquet", pd.DataFrame({"mode": ["cooperative"], "us": [model.launch_us]}))
+    atomic_write_table(p / "latency.parquet", pd.DataFrame({"bytes": [1 << 30], "ns": [model.latency_ns],
+                                                            "cycles": [model.latency_ns * 1.98], "level": ["hbm"]}))
+    atomic_write_text(p / "summary.json", json.dumps({
         "latency_ns": model.latency_ns, "barrier_us_all_ctas": model.barrier_us(model.sms),
         "flag_oneway_us": model.flag_us, "launch_us": model.launch_us,
         "sms_to_saturate_hbm": model.sms_to_saturate, "device": model.device_name, "sms": model.sms}))

@@ -48,9 +48,9 @@ def quiet_optuna() -> None:
 
 # ---- storage -------------------------------------------------------------------------------------
 def default_storage(runs_dir: str | os.PathLike | None) -> str:
-    from kog.runstore import default_root
-    root = Path(runs_dir) if runs_dir else default_root()
-    root.mkdir(parents=True, exist_ok=True)
+    """The study database beside the runs: the same folder the run store writes (RunStore's root)."""
+    from kog.runstore import RunStore
+    root = RunStore(runs_dir).ensure_root()
     return f"sqlite:///{(root / 'kog-studies.db').resolve()}"
 
 
@@ -273,23 +273,61 @@ def open_study(s: Setup, storage, sampler, pruner):
     return study
 
 
+SEARCHER_ATTR = "kog:searcher:"       # study system attr per process that asks trials: "<host>:<pid>" -> start
+
+
+def worker_tag() -> str:
+    """How a trial names the process that runs it (user attr 'worker') and how that process registers."""
+    return f"{platform.node()}:{os.getpid()}"
+
+
+def register_searcher(study) -> None:
+    """Record this process as one that asks trials of `study`, before it asks any: a later start can then
+    tell that an unclaimed RUNNING trial's creator is gone when every registered searcher is (the ask and
+    the claim are two writes; a process killed between them leaves a trial nobody owns)."""
+    from kog.runstore import _proc_start
+    study._storage.set_study_system_attr(study._study_id, SEARCHER_ATTR + worker_tag(),
+                                         {"start": _proc_start(os.getpid())})
+
+
+def _searcher_may_live(tag: str, start) -> bool:
+    """False only for a registered searcher of this host whose process is gone (or whose pid was reused)."""
+    from kog.runstore import _proc_start
+    h, _, pid = tag.rpartition(":")
+    if h != platform.node() or not pid.isdigit():
+        return True                       # another host: its heartbeat answers for it
+    if int(pid) == os.getpid():
+        return True
+    return _pid_alive(int(pid)) and (start is None or _proc_start(int(pid)) in (None, start))
+
+
+def _live_searchers(study) -> int:
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    return sum(1 for k, v in attrs.items() if k.startswith(SEARCHER_ATTR) and _searcher_may_live(
+        k[len(SEARCHER_ATTR):], (v or {}).get("start") if isinstance(v, dict) else None))
+
+
 def fail_dead_local_trials(study) -> int:
-    """RUNNING trials started by a process of this host that is gone (Ctrl-C, kill -9): FAIL + re-queue."""
+    """RUNNING trials whose process is gone: FAIL with a reason + re-queue. Claimed ones (user attr 'worker')
+    when their process of this host is dead; unclaimed ones (killed between ask and claim) at once when no
+    registered searcher may still be alive, else after KOG_UNCLAIMED_GRACE_S (default 10 s). Every search
+    calls this on start, and a running one between its trials, so none stays RUNNING forever."""
     import optuna
     from optuna.trial import TrialState
     import datetime as _dt
     host = platform.node()
-    # a trial is RUNNING from study.ask() on, and claimed (user attr 'worker') a moment later: a process killed
-    # in between leaves a trial nobody owns. Older than this, an unclaimed RUNNING trial is taken as dead.
     grace = float(os.environ.get("KOG_UNCLAIMED_GRACE_S", "10"))
     now = _dt.datetime.now()
     n = 0
+    live = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         w = t.user_attrs.get("worker", "")
         if not w:
             age = (now - t.datetime_start).total_seconds() if t.datetime_start else float("inf")
             if age < grace:
-                continue
+                live = _live_searchers(study) if live is None else live
+                if live:
+                    continue
             why = "its search process died between creating and claiming it (unclaimed RUNNING trial)"
         else:
             h, _, pid = w.rpartition(":")
@@ -357,8 +395,35 @@ class _StopWhenCounted:
         self.total = total
 
     def __call__(self, study, trial) -> None:
-        if finished_count(study, self.total) >= self.total:
+        fail_dead_local_trials(study)      # another search of this study killed meanwhile: its trials
+        if finished_count(study, self.total) >= self.total and not waiting_count(study):
             study.stop()
+
+
+def waiting_count(study) -> int:
+    """Queued trials (the initial design, configs re-queued from a dead or interrupted search): a search runs
+    them even past --trials, so none waits forever."""
+    from optuna.trial import TrialState
+    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def fail_trials_of(study, tag: str, reason: str) -> int:
+    """FAIL (with `reason`) and re-queue the RUNNING trials claimed by worker `tag`: what an interrupted
+    search does on its way out, so its trials are not left RUNNING."""
+    from optuna.trial import TrialState
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("worker") != tag:
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except Exception:
+            continue
+        if t.params and "retry_of" not in t.user_attrs:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        n += 1
+    return n
 
 
 class _Tagged:
@@ -366,7 +431,7 @@ class _Tagged:
 
     def __init__(self, obj):
         self.obj = obj
-        self.tag = f"{platform.node()}:{os.getpid()}"
+        self.tag = worker_tag()
 
     def __call__(self, trial):
         trial.set_user_attr("worker", self.tag)
@@ -391,44 +456,67 @@ def run_worker(s: Setup, total_trials: int, timeout: float, sampler_name: str, s
     CUDA error). With ahead > 0 (default for --backend gpu: AHEAD) the trials are asked `ahead` at a time
     and the kernels of the next batch compile in parallel processes while this batch is measured
     (optimize_ahead); ahead 0 is Optuna's plain one-trial-at-a-time optimize(). Past `deadline`
-    (time.time(); optimize_ahead only) no new trial is asked: the search ends with fewer trials."""
-    import optuna
-    from kog.tune.isolation import WarmWorker, WorkerPool
-    from kog.tune.objective import COMPILE_TARGET, Objective, TrialContext, TrialFailed
-    from kog.tune.space import build_space
+    (a Deadline or a time.time() value; optimize_ahead only) no new trial is asked: the search ends with fewer trials."""
+    from kog.tune.isolation import WarmWorker
     storage = open_storage(s.storage_url)
     wseed = None if seed is None else seed + worker_index
     study = open_study(s, storage, make_sampler(sampler_name, wseed), make_pruner())
     left = total_trials - finished_count(study, total_trials)
-    if left <= 0:
+    waiting = waiting_count(study)
+    if left <= 0 and not waiting:
         return
+    register_searcher(study)
     env = {"CUDA_VISIBLE_DEVICES": str(worker_index)} if gpu_env else None
     runner = WarmWorker(env, f"measure-{worker_index}")
+    try:
+        _optimize(s, study, ctx_args=(env, runner, timeout, target, payload_extra), total_trials=total_trials,
+                  left=max(left, 0) + waiting, worker_index=worker_index, ahead=ahead,
+                  compile_processes=compile_processes, compile_target=compile_target, deadline=deadline)
+    except BaseException as e:
+        # SIGTERM, Ctrl-C or an error: the trial this process was running must not stay RUNNING
+        runner.kill()
+        fail_trials_of(study, worker_tag(), f"search interrupted ({_why(e)}): config re-queued")
+        raise
+    finally:
+        runner.close()
+
+
+def _why(e: BaseException) -> str:
+    from kog.errors import Terminated
+    if isinstance(e, Terminated):
+        return "SIGTERM"
+    if isinstance(e, KeyboardInterrupt):
+        return "SIGINT / Ctrl-C"
+    return f"{type(e).__name__}: {e}"[:200]
+
+
+def _optimize(s: Setup, study, ctx_args, total_trials: int, left: int, worker_index: int, ahead, compile_processes,
+              compile_target, deadline) -> None:
+    from kog.tune.isolation import WorkerPool
+    from kog.tune.objective import COMPILE_TARGET, Objective, TrialContext, TrialFailed
+    env, runner, timeout, target, payload_extra = ctx_args
     ctx = TrialContext(s.model_spec, s.model, s.sms, s.backend, timeout, s.scan_path,
                        s.space(), payload_extra or {}, env, target, runner, gpus=s.gpus)
     if ahead is None:
         ahead = AHEAD if s.backend == "gpu" else 0
     ctarget = compile_target or (COMPILE_TARGET if s.backend == "gpu" else None)
-    try:
-        if ahead > 0:
-            pool = None
-            if ctarget is not None:
-                n = compile_processes or default_compile_processes(s.model)
-                pool = WorkerPool(n, [env] * n, f"compile-{worker_index}")
-            try:
-                optimize_ahead(study, _Tagged(Objective(ctx)), total_trials, ahead, pool, ctarget,
-                               s.model_spec, payload_extra or {}, timeout=max(timeout, 600.0),
-                               deadline=deadline)
-            finally:
-                if pool is not None:
-                    pool.close()
-        else:
-            # refused configs do not count: at most left + REFUSED_FREE x total asks, stopped when counted
-            study.optimize(_Tagged(Objective(ctx)), n_trials=left + REFUSED_FREE * total_trials,
-                           catch=(TrialFailed,), callbacks=[_StopWhenCounted(total_trials)],
-                           gc_after_trial=False, show_progress_bar=False)
-    finally:
-        runner.close()
+    if ahead > 0:
+        pool = None
+        if ctarget is not None:
+            n = compile_processes or default_compile_processes(s.model)
+            pool = WorkerPool(n, [env] * n, f"compile-{worker_index}")
+        try:
+            optimize_ahead(study, _Tagged(Objective(ctx)), total_trials, ahead, pool, ctarget,
+                           s.model_spec, payload_extra or {}, timeout=max(timeout, 600.0),
+                           deadline=deadline)
+        finally:
+            if pool is not None:
+                pool.close()
+    else:
+        # refused configs do not count: at most left + REFUSED_FREE x total asks, stopped when counted
+        study.optimize(_Tagged(Objective(ctx)), n_trials=left + REFUSED_FREE * total_trials,
+                       catch=(TrialFailed,), callbacks=[_StopWhenCounted(total_trials)],
+                       gc_after_trial=False, show_progress_bar=False)
 
 
 AHEAD = 8        # trials asked (and compiled) ahead per batch in a gpu search
@@ -472,10 +560,13 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
     worker, batch i+1 is asked (constant-liar TPE sees batch i as running) and compiled. Stops when the
     study holds `total` finished trials (counting other processes' running ones, so none overshoots).
     Optuna's heartbeat is kept for every asked trial, so a dead process's trials are failed and re-queued
-    exactly as with optimize(). Past `deadline` (time.time()) no trial starts; asked ones are failed with
+    exactly as with optimize(). Past `deadline` (a kog.tune.deadline.Deadline, or a time.time() value) no trial
+    starts; asked ones are failed with
     a reason and re-queued (a later run measures them)."""
     import threading
     from concurrent.futures import wait
+    from kog.tune.deadline import as_deadline
+    deadline = as_deadline(deadline)
     import optuna
     from optuna.trial import TrialState
     from kog.tune.objective import TrialFailed
@@ -512,9 +603,10 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
                 inflight.pop(t._trial_id, None)
 
     def ask_batch() -> list[tuple[Any, dict[str, Any]]]:
-        if deadline is not None and time.time() >= deadline:
+        if deadline is not None and deadline.passed():
             return []
-        n = min(ahead, total - finished_count(study, total) - _running_count(study))
+        fail_dead_local_trials(study)     # another search of this study killed meanwhile: its trials
+        n = min(ahead, max(total - finished_count(study, total) - _running_count(study), waiting_count(study)))
         batch = []
         for _ in range(max(0, n)):
             t = study.ask()
@@ -561,11 +653,11 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
         batch = ask_batch()
         futs = compile_batch(batch)
         def past_deadline() -> bool:
-            return deadline is not None and time.time() >= deadline
+            return deadline is not None and deadline.passed()
 
         while batch:
             # its kernels (a slow compile must not eat the budget: past the deadline nothing new starts)
-            wait(futs, timeout=None if deadline is None else max(0.0, deadline - time.time()))
+            wait(futs, timeout=None if deadline is None else deadline.left())
             nxt = ask_batch()                 # ask before measuring: its kernels compile meanwhile
             nfuts = compile_batch(nxt)
             for t, p in batch:
@@ -580,7 +672,8 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
             if past_deadline():
                 break
             batch, futs = nxt, nfuts
-            if not batch and finished_count(study, total) < total and _running_count(study) == 0:
+            if not batch and (finished_count(study, total) < total or waiting_count(study)) and \
+                    _running_count(study) == 0:
                 batch = ask_batch()           # trials retried by a heartbeat (re-queued) may remain
                 futs = compile_batch(batch)
     finally:
@@ -600,12 +693,20 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
 
 def _worker_entry(s: Setup, total: int, timeout: float, sampler: str, seed, index: int, gpu_env: bool,
                   target, payload_extra, ahead=None, compile_processes=None, compile_target=None,
-                  deadline=None) -> None:
+                  deadline=None, parent: int | None = None) -> None:
+    """A --workers N search process. It dies with the search that started it (a kill -9 of the search
+    would otherwise leave it finishing the study alone), and SIGTERM fails its running trial with a
+    reason on the way out (run_worker), as Ctrl-C does."""
+    import signal
+    from kog.errors import Terminated, _raise_terminated
+    from kog.tune.worker import die_with_parent
+    die_with_parent(parent)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         run_worker(s, total, timeout, sampler, seed, index, gpu_env, target, payload_extra, ahead,
                    compile_processes, compile_target, deadline)
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, Terminated):
+        sys.exit(1)
 
 
 # ---- compile ahead -------------------------------------------------------------------------------------
@@ -713,16 +814,27 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 # ---- the command ------------------------------------------------------------------------------------
+def check_search_args(args) -> None:
+    """One line (exit 2) for arguments no search can run with, before any study is opened."""
+    import math
+    from kog.runstore import RunStore
+    if args.trials < 1:
+        raise UsageError("--trials must be >= 1")
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout:g} (every trial "
+                         f"would be stored as a failed hang)")
+    RunStore(args.runs_dir).ensure_root()     # the study and the run folder go to one place, or none
+
+
 def cli_search(args) -> int:
     import multiprocessing as mp
     import optuna
     from optuna.trial import TrialState
     quiet_optuna()
+    check_search_args(args)
     s = prepare(args)
-    if args.trials < 1:
-        raise UsageError("--trials must be >= 1")
-    if args.workers < 1:
-        raise UsageError("--workers must be >= 1")
     seed = getattr(args, "seed", None)
     storage = open_storage(s.storage_url)
     make_sampler(args.sampler, seed)      # a missing sampler dependency fails here, before any work
@@ -742,31 +854,67 @@ def cli_search(args) -> int:
     if cproc is None and args.workers > 1:
         cproc = max(1, default_compile_processes(s.model) // args.workers)
     ctarget = getattr(args, "compile_target", None)
-    deadline = getattr(args, "deadline", None)      # time.time() after which no trial starts (scripts)
+    deadline = getattr(args, "deadline", None)      # a Deadline or time.time() value: no trial starts after
     console_err = _console()
     t0 = time.time()
-    if args.workers == 1:
-        _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err, ahead, cproc, ctarget,
-                           deadline)
-    else:
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_worker_entry, args=(s, args.trials, args.timeout, args.sampler, seed, i,
-                                                           gpu_env, target, extra, ahead, cproc, ctarget,
-                                                           deadline),
-                             daemon=False)
-                 for i in range(args.workers)]
-        for p in procs:
-            p.start()
-        try:
-            _progress_poll(study, args.trials, procs, console_err)
-        except KeyboardInterrupt:
+    procs: list = []
+    try:
+        if args.workers == 1:
+            _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err, ahead, cproc, ctarget,
+                               deadline)
+        else:
+            ctx = mp.get_context("spawn")
+            procs = [ctx.Process(target=_worker_entry, args=(s, args.trials, args.timeout, args.sampler, seed, i,
+                                                               gpu_env, target, extra, ahead, cproc, ctarget,
+                                                               deadline, os.getpid()),
+                                 daemon=False)
+                     for i in range(args.workers)]
             for p in procs:
-                p.terminate()
-            raise
-        finally:
+                p.start()
+            _progress_poll(study, args.trials, procs, console_err)
             for p in procs:
                 p.join()
+    except BaseException as e:       # SIGTERM, Ctrl-C, an error: no worker goes on alone, the run is recorded
+        _interrupted(s, args, study, procs, time.time() - t0, revived, e)
+        raise
     return _finish(s, args, study, time.time() - t0, revived)
+
+
+def _stop_workers(procs, grace_s: float = 10.0) -> None:
+    """SIGTERM each search worker (it fails its running trial and exits), SIGKILL any still there after
+    `grace_s`."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def _interrupted(s: Setup, args, study, procs, wall: float, revived: int, e: BaseException) -> None:
+    """What an interrupted search leaves: its workers stopped, every trial it was running FAILED with the
+    reason (and re-queued), and its run folder, marked incomplete. A second signal meanwhile is ignored."""
+    import signal
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            old[sig] = signal.signal(sig, signal.SIG_IGN)
+        except ValueError:                   # not the main thread
+            pass
+    try:
+        _stop_workers(procs)
+        why = f"search interrupted ({_why(e)}): config re-queued"
+        fail_trials_of(study, worker_tag(), why)
+        fail_dead_local_trials(study)        # the workers' trials, if a worker was killed before it could
+        _finish(s, args, study, wall, revived, interrupted=e)
+    except Exception as err:  # noqa: BLE001 - the interruption is what the user must see
+        print(f"kogtune: could not record the interrupted search: {type(err).__name__}: {err}", file=sys.stderr)
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def _console():
@@ -851,12 +999,17 @@ def summarize(study) -> dict[str, Any]:
     return out
 
 
-def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
+def _finish(s: Setup, args, study, wall: float, revived: int, interrupted: BaseException | None = None) -> int:
+    """Store the best config, write the run folder (trials table, summary, report) and print the result.
+    `interrupted`: the search was stopped by it: the run folder is marked incomplete with why, no report is
+    rendered and nothing is printed but one line naming the folder (the caller re-raises)."""
     from kog.runstore import RunStore
     from kog.tune import store
     summ = summarize(study)
     summ.update({"storage": redact(s.storage_url), "wall_s": round(wall, 2), "revived_dead_trials": revived,
                  "backend": s.backend, "sampler": args.sampler})
+    if interrupted is not None:
+        summ["interrupted"] = _why(interrupted)
     stored = False
     # the engine default is a single-GPU config: with a TP best, the best degree-1 trial is stored
     sb = summ["best_single_gpu"] if "best_tp" in summ else summ["best"]
@@ -889,6 +1042,13 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
             run.note_error("trials", f"{type(e).__name__}: {e}")
         run.write_json("summary", summ)
         summ["run"] = str(run.path)
+        if interrupted is not None:
+            run.meta["interrupted_by"] = type(interrupted).__name__
+            run.meta["interrupted_message"] = summ["interrupted"]
+            run.finish("incomplete")
+            print(f"kogtune: search interrupted ({summ['interrupted']}); run {run.path} marked incomplete",
+                  file=sys.stderr)
+            return 1
         from kog.reports.tuning import render_study_report
         try:
             report_path = render_study_report(study, run.path)          # RUN/report.html

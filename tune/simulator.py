@@ -843,7 +843,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.extract:
         df = extract_engine_measurements(a.extract)
-        df.to_parquet(ENGINE_TABLE, index=False)
+        from kog.fsutil import atomic_write_table
+        atomic_write_table(ENGINE_TABLE, df)
         print(f"{len(df)} rows -> {ENGINE_TABLE}")
     if a.fit:
         fp = fit_params()

@@ -54,25 +54,38 @@ def entry_key(device_name: str, model: ModelConfig, version: str | None = None) 
     return "|".join([device_name, shape_signature(model), model.dtype, version or kog_version()])
 
 
-def _load(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {"format": "kog-tuned", "entries": {}}
+def _load(path: Path, user_store: bool = True) -> dict[str, Any]:
+    """The store at `path`; one that cannot be parsed reads as empty. The user's store is then kept aside
+    (tuned.json.corrupt-<n>, named in a warning) so the next save cannot overwrite what it held; kog's own
+    BUILTIN file is never moved."""
+    empty = {"format": "kog-tuned", "entries": {}}
     try:
         d = json.loads(path.read_text())
         if not isinstance(d, dict) or not isinstance(d.get("entries"), dict):
-            raise ValueError("no entries")
+            raise ValueError("not a kog tuned-config store: no 'entries' object")
         return d
-    except Exception:
-        # A corrupt store must not break the engine: behave as empty (the next save rewrites it).
-        return {"format": "kog-tuned", "entries": {}}
+    except FileNotFoundError:
+        return empty
+    except Exception as e:
+        if user_store:
+            from kog.fsutil import set_aside_corrupt
+            set_aside_corrupt(path, f"{type(e).__name__}: {str(e)[:120]}")
+        return empty
 
 
 def save_best(device_name: str, model: ModelConfig, cfg: EngineConfig, tok_per_s: float,
               source: dict[str, Any] | None = None, only_if_better: bool = True) -> bool:
     """Store `cfg` for this key (kept if an equal-or-better one is stored already). True if written."""
+    from kog.fsutil import locked
+    path = store_path()
+    with locked(path):        # another search saving at the same time keeps its entry too
+        return _save_locked(path, device_name, model, cfg, tok_per_s, source, only_if_better)
+
+
+def _save_locked(path: Path, device_name: str, model: ModelConfig, cfg: EngineConfig, tok_per_s: float,
+                 source: dict[str, Any] | None, only_if_better: bool) -> bool:
     from kog.runstore import atomic_write_json
     import datetime as _dt
-    path = store_path()
     d = _load(path)
     key = entry_key(device_name, model)
     old = d["entries"].get(key)
@@ -119,7 +132,7 @@ def builtin_config(device_name: str, model_cfg: ModelConfig) -> EngineConfig | N
     Matched on device, shape signature and dtype, not on kog's version. tuned_config consults it after the
     user's store (best_config) and before the platform's built-in rule."""
     sig = shape_signature(model_cfg)
-    for e in _load(BUILTIN)["entries"].values():
+    for e in _load(BUILTIN, user_store=False)["entries"].values():
         if e.get("device") == device_name and e.get("shape") == sig and e.get("dtype") == model_cfg.dtype:
             try:
                 return engine_config(e["config"])
@@ -166,7 +179,7 @@ def _short(cfg: dict[str, Any]) -> str:
 
 def cli_show(args) -> int:
     es = entries()
-    builtin = list(_load(BUILTIN)["entries"].values())
+    builtin = list(_load(BUILTIN, user_store=False)["entries"].values())
     if getattr(args, "json", False):
         print(json.dumps({"store": str(store_path()), "entries": es, "builtin": builtin}, indent=1))
         return 0

@@ -61,19 +61,13 @@ def sweep_path(device_name: str, model_name: str, simulated: bool) -> Path:
 
 def _write_table(rows: list[dict[str, Any]], path: Path, backend: str, name: str, model_name: str):
     """The table so far, written atomically (a kill mid-write leaves the previous version)."""
-    import os
     import pandas as pd
+    from kog.fsutil import atomic_write_table
     df = pd.DataFrame(rows)
     df["backend"] = backend
     df["device"] = name
     df["model"] = model_name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".csv":
-        df.to_csv(tmp, index=False)
-    else:
-        df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write_table(path, df)
     return df
 
 
@@ -88,7 +82,8 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
     workers > 1), restarted after any failure that may have poisoned them. On the GPU the distinct kernels
     compile in parallel processes first-come-first-served, and each config is measured as soon as its
     kernel is ready, so compiling overlaps measuring. The table is rewritten every `checkpoint_every`
-    configs (partial results survive a kill). Past `deadline` (time.time()) no new config starts: the rest
+    configs (partial results survive a kill). Past `deadline` (a kog.tune.deadline.Deadline, or a time.time() value)
+    no new config starts: the rest
     are rows with status 'skipped'. `stats` (a dict) receives timings: precompile_s, per-trial walls, starts,
     how many configs were measured while kernels still compiled, and `recheck`: the first measured config
     measured again at the end, when nothing compiles beside it (the disturbance of overlapping).
@@ -100,6 +95,8 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
     from kog.tune.objective import COMPILE_TARGET, TARGETS, sim_trial
     from kog.tune.scan_model import load_scan
     from kog.tune.space import Infeasible, check, resolve_model_config, residency_fn
+    from kog.tune.deadline import as_deadline
+    deadline = as_deadline(deadline)
     t_start = time.time()
     model = resolve_model_config(model_spec)
     if backend == "gpu":
@@ -177,7 +174,7 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
             with lock:
                 if done[0] + taken[0] >= len(valid):
                     return
-            if deadline is not None and time.time() >= deadline:
+            if deadline is not None and deadline.passed():
                 return
             try:
                 i = ready.get(timeout=0.2)
@@ -225,7 +222,7 @@ def record_sweep(model_spec: str, backend: str = "sim", out: str | Path | None =
         for th in threads:
             th.join()
         rc = st.get("recheck")
-        if rc is not None and measurers[0] is not None and (deadline is None or time.time() < deadline):
+        if rc is not None and measurers[0] is not None and (deadline is None or not deadline.passed()):
             # the first config again, now that no compile runs beside it: how much compiling disturbed it
             i = rc["index"]
             o = measurers[0].run(target or TARGETS[backend], {"model": model_spec, "config": cfgs[i].to_dict(),

@@ -58,17 +58,48 @@ def run_job(job: dict[str, Any], emit: Callable[[dict], None],
         return False
 
 
+PARENT_ENV = "KOG_PARENT_PID"          # set by kog.tune.isolation._spawn: the pid that started this worker
+PDEATHSIG_ENV = "KOG_PDEATHSIG"        # "1": the spawning thread lives as long as its process (see below)
+
+
+def die_with_parent(parent: int | None = None) -> bool:
+    """Have Linux SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), and exit at once if
+    `parent` is already gone (it died before the prctl). True where the signal is set.
+
+    The signal fires when the *thread* that started the process ends, so it is only asked for where
+    that thread is the parent's main thread (kog.tune.isolation sets KOG_PDEATHSIG then); elsewhere
+    _exit_with_parent's watch does the same within a second."""
+    if parent is not None and os.getppid() != parent:
+        os._exit(0)
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if parent is not None and os.getppid() != parent:      # died between the check and the prctl
+        os._exit(0)
+    return True
+
+
 def _exit_with_parent() -> None:
     """A warm worker lives in its own session (so a hang can be killed with its group): if the process
     that started it dies (kill -9), nothing else would stop it, so it stops itself."""
-    ppid = os.getppid()
+    ppid = int(os.environ.get(PARENT_ENV) or os.getppid())
+    if os.environ.get(PDEATHSIG_ENV) == "1":
+        die_with_parent(ppid)
 
     def watch() -> None:
         import time
         while True:
-            time.sleep(1.0)
             if os.getppid() != ppid:
                 os._exit(0)
+            time.sleep(1.0)
 
     threading.Thread(target=watch, daemon=True).start()
 
@@ -83,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         proto.write(json.dumps(obj, default=_jsonable) + "\n")
         proto.flush()
 
+    _exit_with_parent()
     if "--serve" not in argv:
         try:
             job = json.loads(sys.stdin.read())
@@ -91,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0 if run_job(job, emit) else 1
 
-    _exit_with_parent()
     stdin = sys.stdin
 
     def answer() -> dict:

@@ -40,7 +40,8 @@ def main(path: str) -> None:
             except Exception as e:
                 res[key] = {"error": f"{type(e).__name__}: {e}"[:400]}
             print(key, json.dumps(res[key], default=str), flush=True)
-    json.dump(res, open(path, "w"), indent=1, default=str)
+    from kog.fsutil import atomic_write_text
+    atomic_write_text(path, json.dumps(res, indent=1, default=str))
 
 
 if __name__ == "__main__":
