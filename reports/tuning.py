@@ -79,10 +79,15 @@ def load_study(study_name: str | None, storage: str, base: Path | None = None):
         raise UsageError(f"cannot open Optuna storage {mask_url(url)}: {type(e).__name__}: {e}") from None
 
 
-def trials_frame(study) -> pd.DataFrame:
-    df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
-    if "value" not in df and "values_0" in df:
-        df["value"] = df["values_0"]
+def trials_frame(study, attrs: tuple[str, ...] = ("number", "value", "state", "params", "user_attrs",
+                                                  "duration")) -> pd.DataFrame:
+    """study.trials_dataframe with the objective in a column named 'value' whatever Optuna calls it
+    ('values_0' for a multi-objective study, 'value_<metric name>' once set_metric_names was called)."""
+    df = study.trials_dataframe(attrs=attrs)
+    if "value" not in df:
+        named = [c for c in df.columns if c.startswith(("value_", "values_"))]
+        if named:
+            df = df.rename(columns={named[0]: "value"})
     return df
 
 

@@ -188,15 +188,17 @@ def test_bench_report_sections_and_escaping(bench_html):
     assert_offline(html)
 
 
-def test_bench_report_writes_a_chrome_trace_beside_it(bench_run, bench_html):
+def test_bench_report_writes_gzipped_chrome_traces_into_the_run(bench_run, bench_html):
+    import gzip
     path, html = bench_html
     tl = bench_run.table("timeline")
-    links = re.findall(r'href="([^"#]+\.trace\.json)"', html)
+    links = re.findall(r'href="([^"#]+\.trace[^"]*\.json\.gz)"', html)
     assert len(links) == tl["system"].nunique() == 2
     total = 0
     for href in links:
-        assert "/" not in href                      # relative, beside the HTML
-        doc = json.loads((path.parent / href).read_text())
+        trace = (path.parent / href).resolve()
+        assert trace.parent == Path(bench_run.path).resolve()       # inside the run folder, not beside the HTML
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
         ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
         sysname = doc["otherData"]["system"]
         rows = tl[tl["system"] == sysname]
@@ -210,6 +212,7 @@ def test_bench_report_writes_a_chrome_trace_beside_it(bench_run, bench_html):
         assert all(e["dur"] >= 0 for e in ev)
         assert {e["cat"] for e in ev} <= {"streaming", "waiting", "barrier", "other"}
     assert total == len(tl)
+    assert not list(path.parent.glob("*.trace.json")) and not list(path.parent.glob("*.json.gz"))
 
 
 def test_bench_report_missing_parts(store, tmp_path):
@@ -330,7 +333,7 @@ def test_kogprobe_report_renders_the_bundled_scan(monkeypatch, small_scan, tmp_p
     from kog.probe.cli import main
     monkeypatch.setattr(scan, "bundled_scan_path", lambda: Path(scan_run.path))
     out = tmp_path / "b.html"
-    assert main(["report", "-o", str(out)]) == 0
+    assert main(["report", "--bundled", "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--bundled"]) == 0
@@ -422,7 +425,8 @@ def test_bench_report_accepts_the_engines_raw_trace_table(store, tmp_path):
     path = render_bench_report(run, tmp_path / "b.html")
     sec = sections(path.read_text())["timeline"]
     assert "Missing:" not in sec and "<img " in sec
-    doc = json.loads((tmp_path / "b.trace.json").read_text())
+    import gzip
+    doc = json.loads(gzip.decompress((Path(run.path) / "timeline.trace.json.gz").read_bytes()))
     ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     waits = int((raw["wait_ns"] > 0).sum())
     assert len(ev) == len(raw) + waits

@@ -54,6 +54,22 @@ def default_storage(runs_dir: str | os.PathLike | None) -> str:
     return f"sqlite:///{(root / 'kog-studies.db').resolve()}"
 
 
+def absolute_storage(url: str) -> str:
+    """The storage URL with a relative sqlite path made absolute (against the current folder), so the same
+    study is found from wherever the search is resumed. Anything else is left for open_storage to judge."""
+    if url.startswith("sqlite:///"):
+        rest = url[len("sqlite:///"):]
+        if rest and rest != ":memory:" and not rest.startswith("/"):
+            return f"sqlite:///{Path(rest).expanduser().resolve()}"
+    return url
+
+
+def dashboard_command(url: str) -> str:
+    """The optuna-dashboard command that opens this storage (password hidden)."""
+    import shlex
+    return f"optuna-dashboard {shlex.quote(redact(url))}"
+
+
 def redact(url: str) -> str:
     try:
         from sqlalchemy.engine import make_url
@@ -203,7 +219,7 @@ def prepare(args) -> Setup:
     suffix = "" if len(tp) == 1 else "-tp" + "-".join(map(str, tp)) + (
         "" if xr is None else "-x" + "-".join(map(str, xr)))
     study = args.study or f"kog-{_slug(name)}-{_slug(model.name)}" + ("-sim" if backend == "sim" else "") + suffix
-    storage = args.storage or default_storage(args.runs_dir)
+    storage = absolute_storage(args.storage) if args.storage else default_storage(args.runs_dir)
     return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage, gpus, tp, xr)
 
 
@@ -258,6 +274,7 @@ def open_study(s: Setup, storage, sampler, pruner):
                                         pruner=pruner, direction="maximize", load_if_exists=True)
         except optuna.exceptions.DuplicatedStudyError:
             study = optuna.load_study(study_name=s.study_name, storage=storage, sampler=sampler, pruner=pruner)
+    _set_metric_names(study, s.backend)
     want = study_attrs(s)
     have = study.user_attrs
     if have.get("model_shape") is None:
@@ -271,6 +288,20 @@ def open_study(s: Setup, storage, sampler, pruner):
                              f"{want['model']} ({want['dtype']}) on {want['device']} [{want['backend']}]; "
                              f"pick another --study")
     return study
+
+
+METRIC = "tok/s"
+
+
+def _set_metric_names(study, backend: str) -> None:
+    """Name the objective on the study, so Optuna's plots and optuna-dashboard label it (tok/s, or
+    simulated tok/s for a --backend sim study)."""
+    name = METRIC if backend == "gpu" else f"{METRIC} (simulated)"
+    try:
+        if study.metric_names != [name]:
+            study.set_metric_names([name])
+    except Exception:       # an Optuna without metric names: the plots say "Objective Value"
+        pass
 
 
 def fail_dead_local_trials(study) -> int:
@@ -744,6 +775,9 @@ def cli_search(args) -> int:
     ctarget = getattr(args, "compile_target", None)
     deadline = getattr(args, "deadline", None)      # time.time() after which no trial starts (scripts)
     console_err = _console()
+    console_err.print(f"study {s.study_name} in {redact(s.storage_url)}"
+                      + (" [bold](SIMULATED: --backend sim)[/bold]" if s.backend == "sim" else ""),
+                      highlight=False, soft_wrap=True)
     t0 = time.time()
     if args.workers == 1:
         _run_with_progress(s, args, study, seed, gpu_env, target, extra, console_err, ahead, cproc, ctarget,
@@ -856,7 +890,7 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
     from kog.tune import store
     summ = summarize(study)
     summ.update({"storage": redact(s.storage_url), "wall_s": round(wall, 2), "revived_dead_trials": revived,
-                 "backend": s.backend, "sampler": args.sampler})
+                 "backend": s.backend, "sampler": args.sampler, "dashboard": dashboard_command(s.storage_url)})
     stored = False
     # the engine default is a single-GPU config: with a TP best, the best degree-1 trial is stored
     sb = summ["best_single_gpu"] if "best_tp" in summ else summ["best"]
@@ -878,8 +912,9 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
     with RunStore(args.runs_dir).create("study", dev, extra={"study": s.study_name,
                                                              "storage": redact(s.storage_url)}) as run:
         try:
-            df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs",
-                                               "datetime_start", "datetime_complete"))
+            from kog.reports.tuning import trials_frame
+            df = trials_frame(study, ("number", "value", "state", "params", "user_attrs", "datetime_start",
+                                      "datetime_complete"))
             for c in df.columns:
                 if df[c].dtype == object:
                     df[c] = df[c].map(lambda v: v if v is None or isinstance(v, (str, int, float)) else
@@ -914,6 +949,7 @@ def _finish(s: Setup, args, study, wall: float, revived: int) -> int:
                 print((f"stored{' (the best single-GPU config)' if 'best_tp' in summ else ''} in {summ['store']}")
                       if stored else "not stored: an equal or better config is stored")
         print(f"run: {summ['run']}")
+        print(f"browse it: {summ['dashboard']}")
         if report_path:
             print(str(report_path))
     return 0 if summ["best"] is not None else 1
