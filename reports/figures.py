@@ -399,21 +399,38 @@ def sync_share(rows: list[tuple[str, float]], published: float = 0.35):
 
 # ---- tuning ----------------------------------------------------------------------------------
 def study_history(df: pd.DataFrame, maximize: bool = True):
-    """Objective per trial (failed trials as red crosses at the bottom) and best-so-far."""
+    """Objective per trial and best-so-far, every trial drawn: completed as dots; pruned ones at their last
+    intermediate value where they have one, else like refused and failed ones on a strip at the bottom
+    (each outcome its own marker), so the x axis holds all of the study's trials."""
     fig = new_figure(9, 4)
     ax = fig.subplots()
-    ok = df[df["state"] == "COMPLETE"].sort_values("number")
-    ax.scatter(ok["number"], ok["value"], s=16, color=PALETTE[0], label="trial", zorder=3)
+    kind = df["outcome"] if "outcome" in df else df["state"].astype(str).str.lower().map(
+        {"complete": "complete", "fail": "failed", "pruned": "pruned"}).fillna("other")
+    ok = df[kind == "complete"].sort_values("number")
+    ax.scatter(ok["number"], ok["value"], s=16, color=PALETTE[0], label=f"completed ({len(ok)})", zorder=3)
     if len(ok):
         best = ok["value"].cummax() if maximize else ok["value"].cummin()
         ax.step(ok["number"], best, where="post", color=PALETTE[1], lw=1.6, label="best so far")
-    bad = df[df["state"] == "FAIL"]
-    if len(bad):
-        lo = ok["value"].min() if len(ok) else 0
-        ax.scatter(bad["number"], [lo] * len(bad), marker="x", color="#d1495b", s=30, label="failed", zorder=3)
-    ax.set_xlabel("trial")
+    lo = float(ok["value"].min()) if len(ok) else 0.0
+    hi = float(ok["value"].max()) if len(ok) else 1.0
+    floor = lo - 0.08 * max(hi - lo, abs(lo) * 0.05, 1.0)
+    styles = {"pruned": ("v", "#9aa3b5", "pruned"), "refused": ("s", "#c9ced9", "refused before launch"),
+              "failed": ("x", "#d1495b", "failed")}
+    for k, (marker, color, label) in styles.items():
+        sel = df[kind == k]
+        if not len(sel):
+            continue
+        y = sel["value"].where(sel["value"].notna(), floor) if "value" in sel else pd.Series(floor, index=sel.index)
+        ax.scatter(sel["number"], y.fillna(floor), marker=marker, color=color, s=22, zorder=2,
+                   label=f"{label} ({len(sel)})")
+    other = df[~kind.isin(["complete", *styles])]
+    if len(other):
+        ax.scatter(other["number"], [floor] * len(other), marker=".", color="#5b6478", label=f"other ({len(other)})")
+    if len(df):
+        ax.set_xlim(df["number"].min() - 1, df["number"].max() + 1)
+    ax.set_xlabel(f"trial (all {len(df)})")
     ax.set_ylabel("objective (tok/s)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncols=2)
     ax.grid(alpha=0.3)
     ax.set_title("optimization history")
     return fig

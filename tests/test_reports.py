@@ -245,14 +245,59 @@ def test_bench_report_from_a_bench_json_file(tmp_path):
 def test_study_report(study_run, tmp_path):
     html = render_study_report(study_run, tmp_path / "s.html").read_text()
     secs = sections(html)
-    assert tuple(secs) == ("overview", "history", "importance", "parallel", "top", "failed")
+    assert tuple(secs) == ("overview", "default", "history", "importance", "parallel", "top", "trials", "failed")
     assert "Missing:" not in html, re.findall(r"Missing:</strong>[^<]*", html)
-    for sid in ("history", "importance", "parallel"):
+    for sid in ("history", "importance", "parallel", "default"):
         assert "<img " in secs[sid]
+    assert secs["parallel"].count("<img ") == 2                    # Optuna's parallel coordinates and slices
     assert "4 trial(s) failed" in secs["failed"]
     assert "compile error: out of shared memory" in secs["failed"]
     assert secs["top"].count("<tr>") >= 10
+    assert "SIMULATED" not in html
     assert_offline(html)
+
+
+def _table_rows(sec: str) -> list[list[str]]:
+    return [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", r, re.S) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", sec, re.S)]
+
+
+def test_study_report_parameters_are_columns_and_every_trial_is_listed(study_run, tmp_path):
+    html = render_study_report(study_run, tmp_path / "s.html").read_text()
+    secs = sections(html)
+    top = _table_rows(secs["top"])
+    header = top[0]
+    for p in ("rows_per_task", "k_chunk", "warps", "weight_ring", "mapping"):
+        assert p in header                                           # one column per parameter
+    assert "config" not in header and "breakdown" not in header     # dict attributes are no cells
+    assert not any("{" in cell or "}" in cell for row in top for cell in row)
+    every = _table_rows(secs["trials"])
+    assert len(every) - 1 == 30 and "more rows not shown" not in secs["trials"]
+    assert "all 30 trials" in secs["history"]
+
+
+def test_study_report_separates_pruned_refused_and_failed(study_run, tmp_path):
+    html = render_study_report(study_run, tmp_path / "s.html").read_text()
+    secs = sections(html)
+    assert "3 trial(s) pruned" in secs["failed"] and "3 trial(s) refused before launch" in secs["failed"]
+    assert "4 trial(s) failed" in secs["failed"]
+    kv = dict(re.findall(r"<tr><th>([^<]+)</th><td>([^<]*)</td></tr>", secs["overview"]))
+    assert (kv["pruned trials"], kv["refused trials"], kv["failed trials"], kv["complete trials"]) == ("3", "3", "4", "20")
+
+
+def test_study_report_best_against_the_default(study_run, tmp_path):
+    html = render_study_report(study_run, tmp_path / "s.html").read_text()
+    sec = sections(html)["default"]
+    assert "speed-up over the default" in sec and re.search(r"\d\.\d{3}x", sec)
+    assert "time per token by part" in sec and "streaming" in sec
+    assert "engine default (trial)</th><td>0<" in sec
+
+
+def test_simulated_study_report_has_the_banner_and_the_error(store, tmp_path):
+    run = synthetic.write_study(store, n_trials=16, simulated=True, name="sim-study")
+    html = render_study_report(run, tmp_path / "sim.html").read_text()
+    assert '<div class="banner" role="alert">SIMULATED study' in html
+    assert "median 5.9 %" in html and "max 58 %" in html
+    assert "<title>kog tuning report: sim-study (SIMULATED)</title>" in html
 
 
 def test_study_report_from_a_study_object_and_from_a_trials_table(store, tmp_path):
@@ -264,6 +309,7 @@ def test_study_report_from_a_study_object_and_from_a_trials_table(store, tmp_pat
     html = render_study_report(run, tmp_path / "t.html").read_text()
     secs = sections(html)
     assert "<img " in secs["history"] and "Missing:" in secs["importance"] and "1 trial(s) failed" in secs["failed"]
+    assert "Missing:" not in secs["default"] and "speed-up" in secs["default"]
 
 
 def test_mask_url_hides_passwords():

@@ -175,6 +175,7 @@ class Setup:
     study_name: str
     storage_url: str
     gpus: int = 1                                   # GPUs a trial may use (TP degrees above it are refused)
+    ring: bool = False                              # the device (or the simulated one) runs the weight ring
     tp_degrees: tuple[int, ...] = (1,)
     exchange_rows: tuple[int, ...] | None = None    # None: the space's default choices
 
@@ -182,8 +183,7 @@ class Setup:
         """build_space(model, has_scan) with this search's TP choices."""
         import dataclasses
         from kog.tune.space import build_space
-        from kog.tune.space import ring_capable
-        sp = build_space(self.model, self.has_scan, ring=self.backend == "gpu" and ring_capable(self.device))
+        sp = build_space(self.model, self.has_scan, ring=self.ring)
         kw: dict[str, Any] = {"tp_degrees": tuple(self.tp_degrees)}
         if self.exchange_rows is not None:
             kw["exchange_rows"] = tuple(self.exchange_rows)
@@ -220,7 +220,26 @@ def prepare(args) -> Setup:
         "" if xr is None else "-x" + "-".join(map(str, xr)))
     study = args.study or f"kog-{_slug(name)}-{_slug(model.name)}" + ("-sim" if backend == "sim" else "") + suffix
     storage = absolute_storage(args.storage) if args.storage else default_storage(args.runs_dir)
-    return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage, gpus, tp, xr)
+    from kog.tune.space import ring_capable
+    ring = ring_capable(dev if dev is not None else scan_device(scan_dir))
+    return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage, gpus, tp, xr,
+                 ring)
+
+
+def scan_device(scan_dir):
+    """The DeviceInfo a scan run recorded (the simulated device of a --backend sim search); with no scan,
+    the H200 the simulator's synthetic scan stands for."""
+    from kog.probe.device import DeviceInfo
+    from kog.probe.device.fake import h200
+    if scan_dir is not None:
+        try:
+            from kog.runstore import open_run
+            dev = open_run(scan_dir).meta.get("device")
+            if isinstance(dev, dict) and dev.get("name"):
+                return DeviceInfo.from_dict(dev)
+        except Exception:  # noqa: BLE001 - an unreadable scan: the simulator's own default device
+            pass
+    return h200()
 
 
 def _tp_args(args, backend: str) -> tuple[tuple[int, ...], tuple[int, ...] | None, int]:
@@ -691,15 +710,23 @@ def precompile(model_spec: str, configs, processes: int | None = None, timeout: 
 
 def engine_default(backend: str, device_name: str, device, model):
     """What the engine runs on this device when no tuned config is stored (the search's baseline trial):
-    on a GPU with the weight ring, kog's own measured config for this GPU and shape
-    (kog.tune.store.builtin_config), else the sm_90 rule (engine_config.sm90_default); elsewhere
-    EngineConfig()."""
+    on a device with the weight ring (measured, or simulated: the simulator models the engine as it runs),
+    kog's own measured config for this GPU and shape (kog.tune.store.builtin_config), else the sm_90 rule
+    (engine_config.sm90_default); elsewhere EngineConfig()."""
     from kog.engine.engine_config import EngineConfig, sm90_default
     from kog.tune.space import ring_capable
     from kog.tune.store import builtin_config
-    if backend == "gpu" and ring_capable(device):
+    if ring_capable(device):
         return builtin_config(device_name, model) or sm90_default(model)
     return EngineConfig()
+
+
+def _is_default(s: Setup, params: dict[str, Any]) -> bool:
+    """Whether `params` are the engine default's (initial_design puts it first when it is valid)."""
+    from kog.tune.store import RETIRED_FIELDS
+    d = engine_default(s.backend, s.device_name, s.device if s.device is not None else (
+        scan_device(s.scan_path) if s.ring else None), s.model).to_dict()
+    return all(d.get(k) == v for k, v in params.items() if k in d and k not in ("max_spin", *RETIRED_FIELDS))
 
 
 def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -712,7 +739,8 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     maxc = residency_fn(s.backend)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    d = engine_default(s.backend, s.device_name, s.device, s.model)
+    d = engine_default(s.backend, s.device_name, s.device if s.device is not None else (
+        scan_device(s.scan_path) if s.ring else None), s.model)
     try:
         check(d, s.model, s.sms, maxc)
         p = {k: v for k, v in d.to_dict().items() if k not in ("max_spin", *RETIRED_FIELDS)}
@@ -761,9 +789,17 @@ def cli_search(args) -> int:
     revived = fail_dead_local_trials(study)
     before = finished_count(study)
     if before == 0 and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        design = initial_design(s, min(args.trials, 8), seed or 0)
+        design, default = initial_design(s, min(args.trials, 8), seed or 0), None
         for p in design:
-            study.enqueue_trial(p, skip_if_exists=True)
+            # the engine default (queued first) is tagged: the report sets the best trial against it
+            tag = {"baseline": "engine default"} if p is design[0] and _is_default(s, p) else None
+            study.enqueue_trial(p, user_attrs=tag, skip_if_exists=True)
+            default = default or (p if tag else None)
+        if default is not None:
+            study.set_user_attr("engine_default", default)
+    if s.backend == "sim" and "simulator_error" not in study.user_attrs:
+        from kog.tune.simulator import error_summary
+        study.set_user_attr("simulator_error", error_summary())
     gpu_env = s.backend == "gpu" and args.workers > 1
     target = getattr(args, "target", None)
     extra = getattr(args, "payload_extra", None)
