@@ -175,9 +175,9 @@ class Setup:
     study_name: str
     storage_url: str
     gpus: int = 1                                   # GPUs a trial may use (TP degrees above it are refused)
-    ring: bool = False                              # the device (or the simulated one) runs the weight ring
     tp_degrees: tuple[int, ...] = (1,)
     exchange_rows: tuple[int, ...] | None = None    # None: the space's default choices
+    ring: bool = False                              # the device (or the simulated one) runs the weight ring
 
     def space(self):
         """build_space(model, has_scan) with this search's TP choices."""

@@ -391,13 +391,17 @@ class EngineParams:
     token_us: float = 20.0       # per token: argmax hand-off, embedding row, token flag
     ring_hide: float = 1.0       # weight ring: each slot past the first hides this share of a chunk's load latency
     ring_chunk_us: float = 0.1   # weight ring, per chunk: the slot's mbarrier wait and the next bulk copy's issue
+    ring_fixed: float = 1.0      # weight ring: its per-task and per-layer fixed costs (task_us, chain_us, token_us)
+                                 # as a share of the register path's: task rows come through shared memory
 
 
-# Fitted by fit_engine_params() to the engine rows (ENGINE_TABLE) plus the measured sweep (SWEEP_TABLE); refit
-# with `python -m kog.tune.simulator --fit-engine`. Its errors: docs/simulator.md.
-ENGINE_FITTED = EngineParams(lat_us=0.7109, lat_pf_us=0.4662, warp_gbps=5.317, sm_gbps=35.36, bw_frac=1.0,
-                             task_us=0.341, spill_us=1.205, spill_pow=2.131, pf_us=0.4808, pf_kb_us=0.009275,
-                             chain_us=7.407, refill_us=0.1086, poll_us=0.3193, wait_chunk_us=0.07187, token_us=42.24)
+# Fitted by fit_engine_params() to the engine rows (ENGINE_TABLE, the weight-ring rows of the current engine
+# among them) plus the measured sweep (SWEEP_TABLE); refit with `python -m kog.tune.simulator --fit-engine`.
+# Its errors: docs/simulator.md, error_summary().
+ENGINE_FITTED = EngineParams(lat_us=0.7474, lat_pf_us=0.4996, warp_gbps=7.912, sm_gbps=36.25, bw_frac=1.0,
+                             task_us=0.2106, spill_us=1.18, spill_pow=2.167, pf_us=0.3083, pf_kb_us=0.0178,
+                             chain_us=8.887, refill_us=0.1633, poll_us=0.1977, wait_chunk_us=0.1019, token_us=50.74,
+                             ring_hide=7.961, ring_chunk_us=0.01329, ring_fixed=0.701)
 
 MIN_REGS = 96            # ASSUMED: below this register cap the kernel is taken as not runnable (never measured < 128)
 # Register demand of the compiled kernel = REG_BASE + the largest weight chunk held per thread (w), in targeted
@@ -477,6 +481,14 @@ def engine_max_ctas_per_sm(cfg: EngineConfig) -> int:
     return best
 
 
+def _ring_fixed_costs(p: EngineParams) -> EngineParams:
+    """The fixed costs of the ring path: ring_fixed x the register path's per-task, per-layer chain and
+    per-token costs."""
+    import dataclasses
+    f = p.ring_fixed
+    return dataclasses.replace(p, task_us=p.task_us * f, chain_us=p.chain_us * f, token_us=p.token_us * f)
+
+
 def _softmax(a: float, b: float, q: float = SOFTMAX_Q) -> float:
     return (a ** q + b ** q) ** (1.0 / q)
 
@@ -513,6 +525,8 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
                           f"too many blocks in cooperative launch (simulated residency: {fit} CTAs/SM fit)")
     if spills is None or not np.isfinite(spills):
         spills = estimate_spills(model, cfg)[1]
+    if cfg.weight_ring:
+        p = _ring_fixed_costs(p)
     L = model.num_layers
     G = scan.sms * cfg.ctas_per_sm
     cta_rate = min(p.warp_gbps * cfg.num_warps, p.sm_gbps / cfg.ctas_per_sm) * 1e3   # bytes/us one CTA drains
@@ -587,7 +601,7 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
 
 # ---- engine calibration --------------------------------------------------------------------------
 _ENGINE_FREE = ("lat_us", "lat_pf_us", "warp_gbps", "sm_gbps", "bw_frac", "task_us", "spill_us", "spill_pow", "pf_us", "pf_kb_us",
-                "chain_us", "refill_us", "poll_us", "wait_chunk_us", "token_us", "ring_hide", "ring_chunk_us")
+                "chain_us", "refill_us", "poll_us", "wait_chunk_us", "token_us", "ring_hide", "ring_chunk_us", "ring_fixed")
 _BD_PARTS = ("streaming", "waiting", "barrier", "other")
 BD_WEIGHT = 0.3          # ASSUMED: weight of the breakdown terms against the tok/s term in the fit loss
 
