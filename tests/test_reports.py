@@ -20,7 +20,8 @@ from kog.reports.topology import render_scan_report
 from kog.reports.tuning import mask_url, render_study_report
 
 EVIL = "<script>alert(1)</script>"
-SCAN_SECTIONS = ("inventory", "placement", "latency", "l2map", "signal", "sync", "bandwidth", "comparison")
+SCAN_SECTIONS = ("card", "inventory", "placement", "latency", "l2map", "signal", "sync", "bandwidth", "crosscheck",
+                 "comparison")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,32 @@ def test_scan_report_has_every_section_and_figure(scan_html):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" if m.group(1) == "png" else b"<svg" in data[:400]
     assert "132" in secs["inventory"] and "sm_90" in secs["inventory"]
     assert "gap &gt; 30%" in secs["comparison"]
+
+
+def test_scan_report_card_and_labelled_figures(scan_html):
+    path, html = scan_html
+    secs = sections(html)
+    assert next(iter(secs)) == "card"                               # the card comes first
+    card = secs["card"]
+    tiles = dict(re.findall(r'<div class="tile-label">([^<]+)</div><div class="tile-value[^"]*">([^<]+)</div>', card))
+    assert set(tiles) == {"L2 partitions x SMs", "far-L2 penalty", "SMs to saturate HBM", "grid barrier, all CTAs",
+                          "flag one-way", "launch, GPU", "launch, host"}
+    assert re.fullmatch(r"\d+ \+ \d+ \(2 x\)", tiles["L2 partitions x SMs"]) and tiles["SMs to saturate HBM"] == "64 of 132"
+    assert "Triton launch from Python, host side" in card and "CUDA-event timed" in card
+    assert "breadth-first (measured)" in secs["inventory"]          # one dispatch name
+    assert "one access kind" in secs["inventory"] and "home-slice atomics" in secs["inventory"]
+    assert "torch device-to-device copy" in secs["crosscheck"] and "ratio" in secs["crosscheck"]
+    assert "read peak / torch copy" in secs["bandwidth"]
+
+
+def test_scan_report_of_an_old_scan_says_what_it_lacks(store, tmp_path):
+    run = synthetic.write_scan(store, summary_drop=("launch_gpu_us", "l2_far_penalty", "cross_checks",
+                                                    "latency_method", "bandwidth"))
+    html = render_scan_report(run, tmp_path / "old.html").read_text()
+    secs = sections(html)
+    card = secs["card"]
+    assert card.count("not measured in this scan") == 2              # GPU launch, far-L2 penalty
+    assert "Missing:" in secs["crosscheck"]
 
 
 def test_scan_report_offline_and_small(scan_html):
