@@ -225,6 +225,9 @@ def headline_latency(lev: dict, levc: dict, l2: dict, ldcg: dict, ghz: float | N
     for L2 near/far when measured, else the ladder's plateaus; the ladder for L1 and HBM), the method of
     each, the other methods' figures labelled, and the far-L2 penalty of home-slice atomics (plain loads
     hide it behind a near copy, so it is the figure a persistent kernel's flags and counters pay)."""
+    if l2.get("near_ns") and l2.get("far_ns") and l2.get("mode") not in (None, "atomic"):
+        # the map's own accesses are loads (AMD's cross-XCD map): it is the L2 figure of the one access kind
+        ldcg = {"near_ns": l2["near_ns"], "far_ns": l2["far_ns"], "mode": l2["mode"]}
     use_map = bool(ldcg.get("near_ns")) and bool(ldcg.get("far_ns"))
     ns = {"l1": _f(lev.get("l1")),
           "l2_near": _f(ldcg["near_ns"] if use_map else lev.get("l2_near")),
@@ -238,6 +241,9 @@ def headline_latency(lev: dict, levc: dict, l2: dict, ldcg: dict, ghz: float | N
     method = {"l1": LOAD_METHOD["l1"], "hbm": LOAD_METHOD["hbm"],
               "l2_near": LOAD_METHOD["l2_near" if use_map else "l2_near_ladder"],
               "l2_far": LOAD_METHOD["l2_far" if use_map else "l2_far_ladder"]}
+    if use_map and ldcg.get("mode"):
+        method.update(l2_near=f"per-SM L2 map: {ldcg['mode']} loads, near cells",
+                      l2_far=f"per-SM L2 map: {ldcg['mode']} loads, far cells")
     method = {k: (v if ns[k] is not None else "not measured in this scan") for k, v in method.items()}
     other = []
     if use_map:
