@@ -8,48 +8,59 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from kog import __version__
+from kog.clitools import HelpFormatter, add_subparser, parse_args, plain_table, stdout_console
 from kog.errors import cli_entry, import_command
+from kog.probe.probes import PROBES as PROBE_NAMES      # names only: the package imports no probe module
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="kogprobe",
+        prog="kogprobe", formatter_class=HelpFormatter,
         description="Measure what a persistent kernel sees of this GPU: placement, latency per SM and "
                     "L2 partition, SM-to-SM signal latency, barrier/flag/launch costs, bandwidth vs SMs.",
         epilog="Exit codes: 0 ok, 1 failure, 2 usage or environment error (e.g. no GPU).")
     p.add_argument("--version", action="version", version=f"kog {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    runs_help = "where runs are stored (default: $KOG_RUNS_DIR, else ./runs)"
 
-    s = sub.add_parser("scan", help="run the probes on a GPU and store a scan run",
-                       description="Run every probe (or --probes) on one GPU; write a run directory "
-                                   "(meta.json, one Parquet table per probe, summary.json) and its HTML report.")
+    s = add_subparser(sub, "scan", help="run the probes on a GPU and store a scan run",
+                      description="Run every probe (or --probes) on one GPU; write a run directory "
+                                  "(meta.json, one Parquet table per probe, summary.json) and its HTML report.")
     s.add_argument("--quick", action="store_true", help="fewer repeats and sizes (<= 30 s on an H200)")
-    s.add_argument("--probes", default=None, help="comma-separated subset of probes to run")
-    s.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
-    s.add_argument("--runs-dir", default=None, help="where runs are stored (default ./runs or $KOG_RUNS_DIR)")
+    s.add_argument("--probes", default=None,
+                   help=f"comma-separated subset of probes to run (default: all of {','.join(PROBE_NAMES)})")
+    s.add_argument("--device", type=int, default=0, help="GPU index")
+    s.add_argument("--runs-dir", default=None, help=runs_help)
     s.add_argument("--no-report", action="store_true", help="do not render the HTML report")
     s.add_argument("--json", action="store_true", help="print summary.json to stdout instead of a table")
 
-    r = sub.add_parser("report", help="render the HTML report of a scan run (or the bundled H200 scan)",
-                       description="Render a self-contained HTML report of a scan run. With no RUN, or "
-                                   "--bundled, render the scan recorded on the lent H200 that ships with kog.")
-    r.add_argument("run", nargs="?", help="run directory (default: the bundled H200 scan)")
-    r.add_argument("--bundled", action="store_true", help="the scan recorded on an H200, shipped with kog")
-    r.add_argument("--compare", default=None, metavar="RUN2", help="a second scan to show side by side")
+    r = add_subparser(sub, "report", help="render the HTML report of a scan run (newest by default)",
+                      description="Render a self-contained HTML report of a scan run: RUN, else the newest "
+                                  "scan in the run store; --bundled renders the scan recorded on the lent H200 "
+                                  "that ships with kog.")
+    r.add_argument("run", nargs="?", default=None,
+                   help="scan run directory (default: the newest scan run in the run store)")
+    r.add_argument("--bundled", action="store_true", help="the scan recorded on an H200, shipped with kog "
+                                                          "(-> ./h200-scan-report.html)")
+    r.add_argument("--runs-dir", default=None, help=runs_help)
+    r.add_argument("--compare", default=None, metavar="RUN2",
+                   help="a second scan to show side by side (default: none)")
     r.add_argument("-o", "--output", default=None, help="output HTML file (default: RUN/report.html)")
 
-    d = sub.add_parser("device", help="show the inventory of every visible GPU",
-                       description="What kog's device layer reads of each GPU: SMs/CUs, dies, caches, memory, "
-                                   "clocks, driver, links. Exit 2 when there is no GPU.")
-    d.add_argument("--json", action="store_true", help="machine-readable output (a JSON list)")
+    d = add_subparser(sub, "device", help="show the inventory of every visible GPU",
+                      description="What kog's device layer reads of each GPU: SMs/CUs, dies, caches, memory, "
+                                  "clocks, driver, links. Exit 2 when there is no GPU.")
+    d.add_argument("--json", action="store_true", help="JSON on stdout (a list, one entry per GPU)")
 
-    ls = sub.add_parser("runs", aliases=["list"], help="list stored runs",
-                        description="List the runs in the run store, newest last.")
-    ls.add_argument("--runs-dir", default=None)
-    ls.add_argument("--kind", choices=["scan", "bench", "study", "sweep"], default=None)
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls = add_subparser(sub, "runs", aliases=["list"], help="list stored runs",
+                       description="List the runs in the run store, newest last.")
+    ls.add_argument("--runs-dir", default=None, help=runs_help)
+    ls.add_argument("--kind", choices=["scan", "bench", "study", "sweep"], default=None,
+                    help="only runs of this kind (default: every kind)")
+    ls.add_argument("--json", action="store_true", help="JSON on stdout (a list, one entry per run)")
     return p
 
 
@@ -60,16 +71,11 @@ def cmd_device(args) -> int:
     if args.json:
         print(json.dumps([d.to_dict() for d in devs], indent=1, default=str))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title="kog devices")
-    for c in ("index", "name", "arch", "SMs/CUs", "dies", "L2 MiB", "memory GiB", "driver", "runtime"):
-        t.add_column(c)
-    for d in devs:
-        t.add_row(str(d.index), d.name, d.arch, str(d.sms), str(d.dies),
-                  f"{d.l2_bytes / 2**20:g}" if d.l2_bytes else "?",
-                  f"{d.mem_bytes / 2**30:.1f}" if d.mem_bytes else "?", d.driver or "?", d.runtime or "?")
-    Console().print(t)
+    rows = [[d.index, d.name, d.arch, d.sms, d.dies, f"{d.l2_bytes / 2**20:g}" if d.l2_bytes else "?",
+             f"{d.mem_bytes / 2**30:.1f}" if d.mem_bytes else "?", d.driver or "?", d.runtime or "?"]
+            for d in devs]
+    stdout_console().print(plain_table("kog devices", ["index", "name", "arch", "SMs/CUs", "dies", "L2 MiB",
+                                                       "memory GiB", "driver", "runtime"], rows))
     return 0
 
 
@@ -85,27 +91,25 @@ def cmd_runs(args) -> int:
     runs = RunStore(args.runs_dir).list(args.kind, problems=problems)
     for path, why in problems:       # named, and the others still listed
         print(f"kogprobe: warning: skipped {path}: {why}", file=sys.stderr)
-    rows = [{"path": str(r.path), "kind": r.kind, "status": r.status,
+    rows = [{"path": str(Path(r.path).resolve()), "kind": r.kind, "status": r.status,
              "device": (r.meta.get("device") or {}).get("name"), "started": r.meta.get("started")}
             for r in runs]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title=f"kog runs in {RunStore(args.runs_dir).root}")
-    for c in ("started", "kind", "status", "device", "path"):
-        t.add_column(c)
-    for row in rows:
-        t.add_row(*(str(row[c]) for c in ("started", "kind", "status", "device", "path")))
-    Console().print(t) if rows else print("no runs stored yet")
+    root = RunStore(args.runs_dir).root.resolve()
+    if not rows:
+        print(f"no runs stored yet in {root}")
+        return 0
+    cols = ("started", "kind", "status", "device", "path")
+    stdout_console().print(plain_table(f"kog runs in {root}", list(cols), [[row[c] for c in cols] for row in rows]))
     return 0
 
 
 @cli_entry("kogprobe")
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.cmd is None:
         parser.print_help()
         return 2

@@ -29,6 +29,7 @@ PUBLISHED = {
     "hbm_cycles": {"theirs": (480.0, 650.0), "src": "Hopper HBM latency (H100/H800 microbenchmarks)"},
     "barrier_us_all_ctas": {"theirs": 0.92, "src": "anchors: Triton atomic barrier, 132 CTAs, this H200"},
     "flag_oneway_us": {"theirs": 0.71, "src": "anchors: Triton flag ping-pong one-way, this H200"},
+    "launch_gpu_us": {"theirs": 2.4, "src": "H200 plain CUDA kernel launch latency (published microbenchmarks)"},
 }
 
 # Why ours may differ, by figure and direction (used only when the gap exceeds 30%).
@@ -50,7 +51,21 @@ EXPLAIN = {
     ("barrier_us_all_ctas", "low"): "the anchor timed all iterations host-side with launch jitter included",
     ("flag_oneway_us", "high"): "the two CTAs landed on SMs in different L2 partitions (the anchor's may not)",
     ("flag_oneway_us", "low"): "the two CTAs landed on SMs in the same L2 partition",
+    ("launch_gpu_us", "high"): "ours is a Triton kernel (its launch carries more arguments and a larger "
+                               "parameter block than a bare CUDA kernel)",
+    ("launch_gpu_us", "low"): "queued launches overlap their setup with the previous kernel; the published "
+                              "figure times one launch from the host call",
 }
+
+# How each headline latency is measured: one access kind for all of them (dependent plain loads), so the
+# ladder from L2 to HBM compares like with like; other methods are kept beside, labelled.
+LOAD_METHOD = {"l1": "latency ladder: dependent plain loads, L1-sized working set",
+               "l2_near": "per-SM L2 map: plain L2 loads (ld.cg), near cells",
+               "l2_far": "per-SM L2 map: plain L2 loads (ld.cg), far cells",
+               "l2_near_ladder": "latency ladder: dependent plain loads, first L2 plateau",
+               "l2_far_ladder": "latency ladder: dependent plain loads, last L2 plateau",
+               "hbm": "latency ladder: dependent plain loads, working set 8x L2"}
+ATOMIC_METHOD = "per-SM L2 map: atomics to the line's home slice"
 
 
 def bundled_scan_path() -> Path:
@@ -113,7 +128,7 @@ def compare(figure: str, ours: float | None) -> dict:
 def build_summary(tables: dict, extras: dict, device: dict | None, scan_seconds: float | None,
                   errors: dict | None = None, probe_seconds: dict | None = None) -> dict:
     """summary.json from the tables and the probes' extras (pure: used by the scan and the tests)."""
-    from kog.probe.probes.bandwidth import saturation_sms
+    from kog.probe.probes.bandwidth import peak_summary
     from kog.probe.probes.l2map import partitions_as_lists
     from kog.probe.probes.signal import by_partition
     dev = device or {}
@@ -124,26 +139,11 @@ def build_summary(tables: dict, extras: dict, device: dict | None, scan_seconds:
     levc = lat.get("levels_cycles", {})
     part = tables.get("l2_partition")
     s["l2_partitions"] = partitions_as_lists(part) if part is not None else None
-    use_map = bool(l2) and "near_ns" in l2
-    s["latency_ns"] = {
-        "l1": _f(lev.get("l1")),
-        "l2_near": _f(l2["near_ns"] if use_map else lev.get("l2_near")),
-        "l2_far": _f(l2["far_ns"] if use_map else lev.get("l2_far")),
-        "hbm": _f(lev.get("hbm")),
-    }
-    s["latency_cycles"] = {
-        "l1": _f(levc.get("l1"), 1),
-        "l2_near": _f(l2["near_cycles"] if use_map else levc.get("l2_near"), 1),
-        "l2_far": _f(l2["far_cycles"] if use_map else levc.get("l2_far"), 1),
-        "hbm": _f(levc.get("hbm"), 1),
-    }
+    ldcg = (l2.get("other_modes") or {}).get("ld_cg") or {}
+    ghz = l2.get("sm_ghz")
+    s.update(headline_latency(lev, levc, l2, ldcg, ghz))
     s["latency_ladder_ns"] = {k: _f(v) for k, v in lev.items()}
     s["hbm_plateau_from_bytes"] = lat.get("hbm_plateau_from_bytes")
-    ldcg = (l2.get("other_modes") or {}).get("ld_cg") or {}
-    if "near_ns" in ldcg:
-        # plain L2 loads (ld.cg) of the same map: what a published load chase compares with
-        s["latency_ns_loads"] = {"l2_near": _f(ldcg["near_ns"]), "l2_far": _f(ldcg["far_ns"])}
-    s["l2_source"] = f"l2map ({l2.get('mode')} accesses)" if use_map else "latency ladder"
     b = tables.get("barrier")
     sms = dev.get("sms")
     if b is not None and len(b):
@@ -158,12 +158,19 @@ def build_summary(tables: dict, extras: dict, device: dict | None, scan_seconds:
     la = tables.get("launch")
     get = (lambda m: _f(la[la["mode"] == m]["us"].iloc[0]) if la is not None and (la["mode"] == m).any()
            else None)
-    s["launch_us"], s["graph_launch_us"] = get("plain"), get("graph")
+    # two different figures: what a launch costs the host (a Triton launch from Python) and the GPU's own
+    # launch latency (CUDA-event timed empty launches, queued)
+    s["launch_host_us"], s["launch_host_sync_us"] = get("plain"), get("plain_sync")
+    s["launch_gpu_us"], s["graph_launch_us"] = get("gpu_queued"), get("graph")
     bw = tables.get("bandwidth")
-    s["sms_to_saturate_hbm"] = saturation_sms(bw, "read") if bw is not None else None
+    s["bandwidth"] = None
+    s["sms_to_saturate_hbm"] = None
     if bw is not None and len(bw):
-        s["hbm_read_GBps"] = _f(bw[bw["kind"] == "read"]["GBps"].max(), 1)
-        s["hbm_copy_GBps"] = _f(bw[bw["kind"] == "copy"]["GBps"].max(), 1)
+        ps = peak_summary(bw, (extras.get("bandwidth") or {}).get("torch_copy_GBps"))
+        s["bandwidth"] = {k: (_f(v, 3) if isinstance(v, float) else v) for k, v in ps.items()}
+        s["sms_to_saturate_hbm"] = ps["sms_to_saturate_hbm"]
+        s["hbm_read_GBps"] = _f(ps["read_peak_GBps"], 1)
+        s["hbm_copy_GBps"] = _f(ps["copy_peak_GBps"], 1)
     sig = tables.get("signal")
     if sig is not None and len(sig):
         s["signal_ns"] = {"median": _f(sig["ns"].median(), 1), "min": _f(sig["ns"].min(), 1),
@@ -175,25 +182,21 @@ def build_summary(tables: dict, extras: dict, device: dict | None, scan_seconds:
         s["atomics_mops_per_s_max"] = _f(at["mops_per_s"].max(), 1)
     if "placement" in extras:
         p = extras["placement"]
-        s["dispatch"] = p.get("dispatch")
+        s["dispatch"] = dispatch_name(p.get("dispatch"))
         s["placement_stable_fraction"] = _f(p.get("stable_fraction"))
     if l2:
         s["l2map"] = {k: l2.get(k) for k in ("mode", "regions", "k", "gap", "silhouette", "sm_ghz",
                                              "sms_measured")}
-    ghz = l2.get("sm_ghz")
-    near_c = s["latency_cycles"]["l2_near"]
-    far_c = s["latency_cycles"]["l2_far"]
-    if ldcg.get("near_ns") and ghz:
-        near_load_c = ldcg["near_ns"] * ghz        # like with like: the published figure is a load
-    else:
-        near_load_c = near_c
+    pen = s.get("l2_far_penalty") or {}
     s["comparison"] = [
-        compare("l2_near_cycles", near_load_c),
-        compare("l2_far_over_near", far_c / near_c if near_c and far_c else None),
+        compare("l2_near_cycles", s["latency_cycles"]["l2_near"]),      # a load, as the published figure
+        compare("l2_far_over_near", pen.get("ratio")),                  # the home-slice penalty (atomics)
         compare("hbm_cycles", s["latency_cycles"]["hbm"]),
         compare("barrier_us_all_ctas", s["barrier_us_all_ctas"]),
         compare("flag_oneway_us", s["flag_oneway_us"]),
+        compare("launch_gpu_us", s["launch_gpu_us"]),
     ]
+    s["cross_checks"] = cross_checks(s)
     if dev.get("partition"):      # AMD compute / memory partition modes (amdsmi)
         s["partition"] = dev["partition"]
     if dev.get("vendor") == "amd" or "xcd_latency" in tables:
@@ -206,6 +209,81 @@ def build_summary(tables: dict, extras: dict, device: dict | None, scan_seconds:
         s["probe_seconds"] = {k: _f(v, 2) for k, v in probe_seconds.items()}
     s["errors"] = dict(errors or {})
     return s
+
+
+# the inventory's a-priori dispatch names, as the placement probe names what it measures
+DISPATCH_NAMES = {"gpc-fill": "breadth-first"}
+
+
+def dispatch_name(name: str | None) -> str | None:
+    """One name per dispatch rule, in the inventory and the summary alike."""
+    return DISPATCH_NAMES.get(name, name) if name else name
+
+
+def headline_latency(lev: dict, levc: dict, l2: dict, ldcg: dict, ghz: float | None) -> dict[str, Any]:
+    """latency_ns / latency_cycles from one access kind (dependent plain loads: the per-SM map's ld.cg cells
+    for L2 near/far when measured, else the ladder's plateaus; the ladder for L1 and HBM), the method of
+    each, the other methods' figures labelled, and the far-L2 penalty of home-slice atomics (plain loads
+    hide it behind a near copy, so it is the figure a persistent kernel's flags and counters pay)."""
+    if l2.get("near_ns") and l2.get("far_ns") and l2.get("mode") not in (None, "atomic"):
+        # the map's own accesses are loads (AMD's cross-XCD map): it is the L2 figure of the one access kind
+        ldcg = {"near_ns": l2["near_ns"], "far_ns": l2["far_ns"], "mode": l2["mode"]}
+    use_map = bool(ldcg.get("near_ns")) and bool(ldcg.get("far_ns"))
+    ns = {"l1": _f(lev.get("l1")),
+          "l2_near": _f(ldcg["near_ns"] if use_map else lev.get("l2_near")),
+          "l2_far": _f(ldcg["far_ns"] if use_map else lev.get("l2_far")),
+          "hbm": _f(lev.get("hbm"))}
+    cyc = {"l1": _f(levc.get("l1"), 1), "hbm": _f(levc.get("hbm"), 1),
+           "l2_near": _f(ldcg["near_ns"] * ghz if use_map and ghz else levc.get("l2_near"), 1),
+           "l2_far": _f(ldcg["far_ns"] * ghz if use_map and ghz else levc.get("l2_far"), 1)}
+    if use_map and not ghz:
+        cyc["l2_near"] = cyc["l2_far"] = None
+    method = {"l1": LOAD_METHOD["l1"], "hbm": LOAD_METHOD["hbm"],
+              "l2_near": LOAD_METHOD["l2_near" if use_map else "l2_near_ladder"],
+              "l2_far": LOAD_METHOD["l2_far" if use_map else "l2_far_ladder"]}
+    if use_map and ldcg.get("mode"):
+        method.update(l2_near=f"per-SM L2 map: {ldcg['mode']} loads, near cells",
+                      l2_far=f"per-SM L2 map: {ldcg['mode']} loads, far cells")
+    method = {k: (v if ns[k] is not None else "not measured in this scan") for k, v in method.items()}
+    other = []
+    if use_map:
+        for k in ("l2_near", "l2_far"):
+            if lev.get(k) is not None:
+                other.append({"figure": k, "method": LOAD_METHOD[f"{k}_ladder"], "ns": _f(lev[k])})
+    if l2.get("mode") == "atomic" and l2.get("near_ns"):
+        other += [{"figure": "l2_near", "method": ATOMIC_METHOD, "ns": _f(l2["near_ns"])},
+                  {"figure": "l2_far", "method": ATOMIC_METHOD, "ns": _f(l2.get("far_ns"))}]
+    pen = None
+    if l2.get("near_ns") and l2.get("far_ns"):
+        pen = {"near_ns": _f(l2["near_ns"]), "far_ns": _f(l2["far_ns"]), "ns": _f(l2["far_ns"] - l2["near_ns"]),
+               "ratio": _f(l2["far_ns"] / l2["near_ns"]),
+               "method": ATOMIC_METHOD if l2.get("mode") == "atomic" else f"per-SM L2 map ({l2.get('mode')})"}
+    return {"latency_ns": ns, "latency_cycles": cyc, "latency_method": method, "latency_other_methods": other,
+            "l2_far_penalty": pen, "l2_source": "one access kind: dependent plain loads"}
+
+
+def cross_checks(s: dict) -> list[dict]:
+    """Each headline against an independent measurement of the same run: ours / theirs."""
+    rows = []
+    bw = s.get("bandwidth") or {}
+
+    def row(figure, ours, other, method):
+        ratio = _f(ours / other) if isinstance(ours, (int, float)) and isinstance(other, (int, float)) and other \
+            else None
+        rows.append({"figure": figure, "ours": _f(ours, 3), "independent": _f(other, 3), "method": method,
+                     "ratio": ratio, "note": "not measured in this scan" if ours is None or other is None else ""})
+    row("HBM read peak (GB/s)", bw.get("read_peak_GBps"), bw.get("torch_copy_GBps"),
+        "torch device-to-device copy (read + write bytes), same run")
+    row("probe copy peak (GB/s)", bw.get("copy_peak_GBps"), bw.get("torch_copy_GBps"),
+        "torch device-to-device copy, same run")
+    row("GPU launch latency (us)", s.get("launch_gpu_us"), s.get("graph_launch_us"),
+        "CUDA graph replay of empty kernels, same run")
+    row("host launch cost (us)", s.get("launch_host_us"), s.get("launch_gpu_us"),
+        "the GPU's own launch latency (CUDA events), same run")
+    ln, other = s.get("latency_ns") or {}, s.get("latency_other_methods") or []
+    for r in other:
+        row(f"latency {r['figure']} (ns)", ln.get(r["figure"]), r["ns"], r["method"])
+    return rows
 
 
 def load_tables(run) -> dict:
@@ -279,20 +357,24 @@ def run_scan(info, probes: list[str], quick: bool, runs_dir=None, argv=None, pro
 
 
 def print_summary(summary: dict, run_path, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
-    c = console or Console()
+    from kog.clitools import stdout_console
+    c = console or stdout_console()
     t = Table(title=f"kogprobe scan: {summary.get('device')} ({summary.get('sms')} SMs)")
     t.add_column("measure")
     t.add_column("value", justify="right")
     ln, lc = summary.get("latency_ns") or {}, summary.get("latency_cycles") or {}
+    lm = summary.get("latency_method") or {}
     for k in ("l1", "l2_near", "l2_far", "hbm"):
-        t.add_row(f"latency {k}", f"{ln.get(k)} ns / {lc.get(k)} cyc")
+        t.add_row(f"latency {k}", f"{ln.get(k)} ns / {lc.get(k)} cyc ({lm.get(k, '')})")
+    pen = summary.get("l2_far_penalty") or {}
+    if pen:
+        t.add_row("far-L2 penalty", f"+{pen.get('ns')} ns, x{pen.get('ratio')} ({pen.get('method')})")
     parts = summary.get("l2_partitions")
     t.add_row("L2 partitions", " + ".join(str(len(p)) for p in parts) + " SMs" if parts else "-")
-    for k, unit in (("barrier_us_all_ctas", "us"), ("flag_oneway_us", "us"), ("launch_us", "us"),
-                    ("graph_launch_us", "us"), ("sms_to_saturate_hbm", "SMs"), ("hbm_read_GBps", "GB/s"),
-                    ("hbm_copy_GBps", "GB/s"), ("scan_seconds", "s")):
+    for k, unit in (("barrier_us_all_ctas", "us"), ("flag_oneway_us", "us"), ("launch_host_us", "us (host)"),
+                    ("launch_gpu_us", "us (GPU)"), ("graph_launch_us", "us"), ("sms_to_saturate_hbm", "SMs"),
+                    ("hbm_read_GBps", "GB/s"), ("hbm_copy_GBps", "GB/s"), ("scan_seconds", "s")):
         t.add_row(k, f"{summary.get(k)} {unit}")
     if summary.get("partition"):
         t.add_row("partition modes", ", ".join(f"{k} {v}" for k, v in summary["partition"].items()))

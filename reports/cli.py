@@ -1,8 +1,10 @@
-"""`kogprobe report` and `kogtune report`: pick the run (or the bundled H200 scan, or an Optuna study),
-render its report (or a comparison with --compare), print the output path last."""
+"""`kogprobe report` and `kogtune report`: pick the run (RUN, else the newest of its kinds in the run store;
+--bundled the H200 run shipped with kog; or an Optuna study), render its report (or a comparison with
+--compare), print the output path last."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from kog.errors import KogError, UsageError
@@ -103,10 +105,24 @@ def _done(path: Path, *runs) -> int:
     return 0
 
 
+def newest_run(kinds: tuple[str, ...], runs_dir=None, tool: str = "kogtune"):
+    """The newest run of one of `kinds` in the run store (any status: an interrupted run still has a
+    report), or UsageError saying there is none and what to give instead."""
+    from kog.runstore import RunStore
+    store = RunStore(runs_dir)
+    runs = [r for r in store.list() if r.kind in kinds]
+    if not runs:
+        raise UsageError(f"no {' or '.join(kinds)} run in {store.root.resolve()}: give a RUN directory "
+                         f"(or --runs-dir, $KOG_RUNS_DIR), or --bundled for the run recorded on an H200")
+    newest = max(runs, key=lambda r: (str(r.meta.get("started") or ""), Path(r.path).name))
+    print(f"{tool} report: the newest {newest.kind} run, {Path(newest.path).resolve()}", file=sys.stderr)
+    return newest
+
+
 def cli_probe_report(args) -> int:
-    """kogprobe report [RUN] [--bundled] [--compare RUN2] [-o OUT]."""
+    """kogprobe report [RUN] [--bundled] [--compare RUN2] [-o OUT]; no RUN: the newest scan run."""
     _check_output(args)
-    if getattr(args, "bundled", False) or not getattr(args, "run", None):
+    if getattr(args, "bundled", False):
         if getattr(args, "run", None):
             raise UsageError("give a RUN or --bundled, not both")
         run = _open(bundled_scan())
@@ -114,8 +130,10 @@ def cli_probe_report(args) -> int:
         if not getattr(args, "output", None):
             args.output = str(Path.cwd() / ("h200-scan-compare.html" if getattr(args, "compare", None)
                                             else "h200-scan-report.html"))
-    else:
+    elif getattr(args, "run", None):
         run = _open(args.run)
+    else:
+        run = newest_run(("scan",), getattr(args, "runs_dir", None), "kogprobe")
     if run.kind != "scan":
         raise UsageError(f"{run.path} is a {run.kind} run; `kogprobe report` renders scans "
                          f"(use `kogtune report` for bench and study runs)")
@@ -147,10 +165,8 @@ def cli_tune_report(args) -> int:
         path = render_study_report(study, Path(out) if out else Path.cwd() / f"{study.study_name}-report.html")
         print(path)
         return 0
-    if not getattr(args, "run", None):
-        raise UsageError("give a RUN directory (a bench or study run), a bench JSON file, --study NAME --storage URL, "
-                         "or --bundled")
-    run = _open(args.run)
+    run = _open(args.run) if getattr(args, "run", None) else newest_run(("bench", "study", "sweep"),
+                                                                         getattr(args, "runs_dir", None))
     if getattr(args, "compare", None):
         path = _compare(run, args.compare, out)
     elif run.kind in ("study", "sweep") and getattr(args, "storage", None):

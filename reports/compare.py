@@ -89,7 +89,9 @@ def _scan(a, b, na, nb) -> list[Section]:
     rows += [("L2 partitions", parts(sa), parts(sb), None),
              ("grid barrier, all CTAs (us)", sa.get("barrier_us_all_ctas"), sb.get("barrier_us_all_ctas"), "lower"),
              ("flag one-way (us)", sa.get("flag_oneway_us"), sb.get("flag_oneway_us"), "lower"),
-             ("launch (us)", sa.get("launch_us"), sb.get("launch_us"), "lower"),
+             ("launch, host: Triton from Python (us)", sa.get("launch_host_us", sa.get("launch_us")),
+              sb.get("launch_host_us", sb.get("launch_us")), "lower"),
+             ("launch, GPU: CUDA events (us)", sa.get("launch_gpu_us"), sb.get("launch_gpu_us"), "lower"),
              ("CUDA graph launch (us)", sa.get("graph_launch_us"), sb.get("graph_launch_us"), "lower"),
              ("SMs to saturate HBM", sa.get("sms_to_saturate_hbm"), sb.get("sms_to_saturate_hbm"), "lower")]
     bwa, bwb = _safe_table(a, "bandwidth"), _safe_table(b, "bandwidth")

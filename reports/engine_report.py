@@ -1,9 +1,9 @@
 """The engine report of a bench run: every system's tok/s against the bandwidth limit, where a token's
 time goes (streaming / waiting / barrier / other) in grid-sync vs targeted-wait mode, a per-SM timeline
 of an instrumented run, the share of token time lost to grid sync (the published monokernel system
-measured 35% on standard stacks), and a Chrome-trace JSON beside the HTML for Perfetto.
+measured 35% on standard stacks), and a gzipped Chrome trace per kog mode in the run folder for Perfetto.
 
-Inputs: bench.json (the document `kogtune bench --json` writes), optional tables `breakdown`
+Inputs: bench.json (the document `kogtune bench` writes; `--out FILE` copies it), optional tables `breakdown`
 [system, phase, category, seconds_per_token] and `timeline` [cta, sm, task, phase, kind, start_ns, end_ns]
 (+ optional 'system'; or the engine's raw trace with wait_ns). A committed bench JSON file
 (bench/h200/<preset>.json) renders too: its per-phase breakdown comes from the systems'
@@ -102,8 +102,8 @@ def system_breakdowns(doc: dict[str, Any] | None, bd: pd.DataFrame | None) -> di
 
 def write_chrome_trace(tl: pd.DataFrame, path: Path, system: str | None = None) -> Path:
     """Trace-event JSON (Perfetto / chrome://tracing): one complete ('X') event per timeline row,
-    pid = SM, tid = CTA, times in microseconds from the first stamp."""
-    from kog.fsutil import atomic_write_bytes
+    pid = SM, tid = CTA, times in microseconds from the first stamp; gzipped when `path` ends in .gz
+    (Perfetto and chrome://tracing open it as it is)."""
     t0 = int(tl["start_ns"].min()) if len(tl) else 0
     events: list[dict[str, Any]] = []
     for sm in sorted(tl["sm"].unique()):
@@ -116,8 +116,39 @@ def write_chrome_trace(tl: pd.DataFrame, path: Path, system: str | None = None) 
                        "pid": int(d["sm"]), "tid": int(d["cta"]),
                        "args": {"task": int(d["task"]) if "task" in d else None, "kind": str(d.get("kind"))}})
     doc = {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"producer": "kog", "system": system}}
-    atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode())
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    if str(path).endswith(".gz"):
+        import gzip
+        data = gzip.compress(data, compresslevel=6, mtime=0)    # mtime 0: the same run gives the same bytes
+    _write_output(Path(path), data)
     return path
+
+
+def _write_output(path: Path, data: bytes) -> None:
+    """Every file this module writes goes through here (atomic, through the run store's writer)."""
+    from kog.runstore import atomic_write_bytes
+    atomic_write_bytes(path, data)
+
+
+def trace_path(run, out: Path, suffix: str) -> Path:
+    """Where a bench's Chrome trace goes: gzipped inside its run folder, so re-rendering a report elsewhere
+    (`kogtune report --bundled` into the current folder) leaves no trace files there; beside the report
+    when the run folder cannot take it (a bench JSON file, a read-only installed package)."""
+    import os
+    name = f"timeline{suffix}.trace.json.gz"
+    base = Path(getattr(run, "path", out.parent))
+    if base.is_dir() and os.access(base, os.W_OK):
+        return base / name
+    return out.with_name(f"{out.stem}.{name}")
+
+
+def _href(target: Path, page: Path) -> str:
+    """A link from the page to `target`: relative where one exists (the pair moves together), else file://."""
+    import os
+    try:
+        return os.path.relpath(Path(target).resolve(), Path(page).resolve().parent)
+    except ValueError:      # another drive (Windows)
+        return Path(target).resolve().as_uri()
 
 
 def timeline_spans(tl: pd.DataFrame) -> pd.DataFrame:
@@ -334,10 +365,10 @@ def bench_sections(run, out: Path) -> list[Section]:
             groups = list(tl.groupby("system", sort=False)) if "system" in tl else [(None, tl)]
             for sysname, g in groups:
                 suffix = f".{_slug(str(sysname))}" if sysname is not None else ""
-                p = write_chrome_trace(g, out.with_name(f"{out.stem}{suffix}.trace.json"),
-                                       None if sysname is None else str(sysname))
-                sec.link(p.name, f"Chrome trace{f' of {sysname}' if sysname is not None else ''} ({p.name}): "
-                                 "open it in Perfetto (ui.perfetto.dev) or chrome://tracing")
+                p = write_chrome_trace(g, trace_path(run, out, suffix), None if sysname is None else str(sysname))
+                sec.link(_href(p, out), f"Chrome trace{f' of {sysname}' if sysname is not None else ''} "
+                                        f"({p.resolve()}, gzipped): open it in Perfetto (ui.perfetto.dev) or "
+                                        "chrome://tracing")
         except Exception as e:  # noqa: BLE001
             sec.missing("the timeline could not be drawn.", f"{type(e).__name__}: {e}")
     sections.append(sec)
@@ -356,7 +387,7 @@ def _as_bench(run):
 
 def render_bench_report(run, out: str | Path | None = None) -> Path:
     """Render the engine report of a bench run (or a bench JSON file) to `out` (default RUN/report.html,
-    or <file>.html beside a JSON file); the Chrome trace goes beside it."""
+    or <file>.html beside a JSON file); the Chrome traces go gzipped into the run folder (trace_path)."""
     run = _as_bench(run)
     if getattr(run, "kind", None) != "bench":
         raise UsageError(f"render_bench_report needs a bench run, got a {getattr(run, 'kind', '?')} run: {run.path}")

@@ -22,6 +22,15 @@ def _human_bytes(b: float) -> str:
     return f"{b} B"
 
 
+def partition_legend(ax, parts, loc: str = "upper left", **kw) -> None:
+    """A legend naming each L2 partition's colour (the same colours in every figure of a report)."""
+    from matplotlib.patches import Patch
+    ps = sorted({int(p) for p in parts if p == p and int(p) >= 0})
+    if ps:
+        ax.legend(handles=[Patch(color=PALETTE[p % len(PALETTE)], label=f"L2 partition {p}") for p in ps],
+                  fontsize=7, loc=loc, title_fontsize=7, **kw)
+
+
 def text_panel(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#5b6478", wrap=True)
     ax.set_xticks([])
@@ -38,6 +47,8 @@ def placement_map(placement: pd.DataFrame, partition: dict[int, int] | None = No
     first = placement[placement["launch"] == launches[0]].sort_values("pid")
     colors = [PALETTE[partition.get(int(s), 7) % len(PALETTE)] if partition else PALETTE[0] for s in first["smid"]]
     ax1.scatter(first["pid"], first["smid"], c=colors, s=10)
+    if partition:
+        partition_legend(ax1, {partition.get(int(s), -1) for s in first["smid"]})
     ax1.set_xlabel("program id (CTA)")
     ax1.set_ylabel("SM id (%smid)")
     ax1.set_title(f"dispatch order, launch {launches[0]}" + (" (colour: L2 partition)" if partition else ""))
@@ -48,11 +59,17 @@ def placement_map(placement: pd.DataFrame, partition: dict[int, int] | None = No
     sub = placement[placement["launch"].isin(alike) & placement["pid"].isin(first["pid"])]
     wide = sub.pivot_table(index="pid", columns="launch", values="smid", aggfunc="first")
     same = wide.eq(wide[launches[0]], axis=0).mean(axis=1)
+    ax2.set_title(f"same SM in {len(alike)} launches of {n0} CTAs", fontsize=10)
+    if len(same) and same.nunique() == 1:
+        # one value for every program id is a sentence, not a chart
+        text_panel(ax2, f"every program id landed on the same SM\nin all {len(alike)} launches ({same.iloc[0]:.0%})"
+                   if same.iloc[0] == 1 else f"{same.iloc[0]:.0%} of launches put each program id\non the SM of "
+                                            f"launch {launches[0]}")
+        return fig
     ax2.bar(same.index, same.values, width=1.0, color=PALETTE[2])
     ax2.set_ylim(0, 1.05)
     ax2.set_xlabel("program id")
     ax2.set_ylabel("share of launches on the same SM")
-    ax2.set_title(f"same SM in {len(alike)} launches of {n0} CTAs", fontsize=10)
     return fig
 
 
@@ -141,6 +158,7 @@ def partition_map(sm_part: pd.Series, region_home: pd.Series | None, sms: int | 
     ax1.set_xticks([])
     ax1.set_yticks([])
     ax1.set_title(f"SM -> L2 partition ({k} partitions)")
+    partition_legend(ax1, range(k), loc="upper left", bbox_to_anchor=(0.0, -0.02), ncols=k, frameon=False)
     if region_home is not None and len(region_home):
         r = region_home.sort_index()
         rc = 16
@@ -173,6 +191,11 @@ def cluster_order(m: np.ndarray, groups: Sequence[int] | None = None) -> np.ndar
     return np.lexsort((np.round(key2, 6), g))
 
 
+def tick_step(n: int, max_labels: int = 12) -> int:
+    """Label every Nth of n cells so at most `max_labels` labels share an axis (readable at 7 pt)."""
+    return max(1, -(-n // max_labels))
+
+
 def signal_heatmap(signal: pd.DataFrame, sm_part: pd.Series | None):
     m = signal.pivot_table(index="src_sm", columns="dst_sm", values="ns", aggfunc="median")
     ids = sorted(set(m.index) | set(m.columns))
@@ -190,13 +213,19 @@ def signal_heatmap(signal: pd.DataFrame, sm_part: pd.Series | None):
         gs = [groups[i] for i in order]
         _boundaries(ax, gs, "x")
         _boundaries(ax, gs, "y")
-    step = max(1, len(ids) // 16)
+    step = tick_step(len(ids))
     lab = [str(ids[i]) for i in order]
-    ax.set_xticks(range(0, len(ids), step), lab[::step], fontsize=6, rotation=90)
-    ax.set_yticks(range(0, len(ids), step), lab[::step], fontsize=6)
+    ax.set_xticks(range(0, len(ids), step), lab[::step], fontsize=7, rotation=90)
+    ax.set_yticks(range(0, len(ids), step), lab[::step], fontsize=7)
+    ax.set_xticks(range(len(ids)), minor=True)
+    ax.set_yticks(range(len(ids)), minor=True)
+    ax.tick_params(which="minor", length=1.5)
+    if groups is not None:
+        partition_legend(ax, groups, loc="upper left", bbox_to_anchor=(1.25, 1.0))
     ax.set_xlabel("destination SM (cluster order)")
     ax.set_ylabel("source SM (cluster order)")
-    ax.set_title(f"SM x SM signal latency, {len(ids)} SMs")
+    ax.set_title(f"SM x SM signal latency, {len(ids)} SMs (every {step}th labelled)" if step > 1 else
+                 f"SM x SM signal latency, {len(ids)} SMs")
     return fig
 
 
@@ -250,7 +279,7 @@ def sync_costs(barrier: pd.DataFrame | None, flag: pd.DataFrame | None, atomics:
 
 
 def bandwidth_curve(bw: pd.DataFrame, saturate: int | None = None,
-                    others: Sequence[tuple[str, pd.DataFrame]] = (), label: str = ""):
+                    others: Sequence[tuple[str, pd.DataFrame]] = (), label: str = "", reference: float | None = None):
     fig = new_figure(9, 4.2)
     ax = fig.subplots()
     series = [(label, bw)] + list(others)
@@ -260,6 +289,10 @@ def bandwidth_curve(bw: pd.DataFrame, saturate: int | None = None,
             g = g.sort_values("sms")
             ax.plot(g["sms"], g["GBps"], styles[si % 3], marker="o", ms=3, color=PALETTE[i % len(PALETTE)],
                     label=f"{kind}" + (f" ({label})" if label else ""))
+    if reference:
+        ax.axhline(reference, color="#d1495b", ls=":", lw=1)
+        ax.annotate(f"torch copy, same run: {reference:,.0f} GB/s", (0.01, reference), fontsize=8, color="#d1495b",
+                    xycoords=("axes fraction", "data"), va="bottom")
     if saturate:
         ax.axvline(saturate, color="#9aa3b5", ls="--", lw=0.8)
         ax.annotate(f"saturates at {saturate} SMs", (saturate, 0.05), xycoords=("data", "axes fraction"),
@@ -399,21 +432,38 @@ def sync_share(rows: list[tuple[str, float]], published: float = 0.35):
 
 # ---- tuning ----------------------------------------------------------------------------------
 def study_history(df: pd.DataFrame, maximize: bool = True):
-    """Objective per trial (failed trials as red crosses at the bottom) and best-so-far."""
+    """Objective per trial and best-so-far, every trial drawn: completed as dots; pruned ones at their last
+    intermediate value where they have one, else like refused and failed ones on a strip at the bottom
+    (each outcome its own marker), so the x axis holds all of the study's trials."""
     fig = new_figure(9, 4)
     ax = fig.subplots()
-    ok = df[df["state"] == "COMPLETE"].sort_values("number")
-    ax.scatter(ok["number"], ok["value"], s=16, color=PALETTE[0], label="trial", zorder=3)
+    kind = df["outcome"] if "outcome" in df else df["state"].astype(str).str.lower().map(
+        {"complete": "complete", "fail": "failed", "pruned": "pruned"}).fillna("other")
+    ok = df[kind == "complete"].sort_values("number")
+    ax.scatter(ok["number"], ok["value"], s=16, color=PALETTE[0], label=f"completed ({len(ok)})", zorder=3)
     if len(ok):
         best = ok["value"].cummax() if maximize else ok["value"].cummin()
         ax.step(ok["number"], best, where="post", color=PALETTE[1], lw=1.6, label="best so far")
-    bad = df[df["state"] == "FAIL"]
-    if len(bad):
-        lo = ok["value"].min() if len(ok) else 0
-        ax.scatter(bad["number"], [lo] * len(bad), marker="x", color="#d1495b", s=30, label="failed", zorder=3)
-    ax.set_xlabel("trial")
+    lo = float(ok["value"].min()) if len(ok) else 0.0
+    hi = float(ok["value"].max()) if len(ok) else 1.0
+    floor = lo - 0.08 * max(hi - lo, abs(lo) * 0.05, 1.0)
+    styles = {"pruned": ("v", "#9aa3b5", "pruned"), "refused": ("s", "#c9ced9", "refused before launch"),
+              "failed": ("x", "#d1495b", "failed")}
+    for k, (marker, color, label) in styles.items():
+        sel = df[kind == k]
+        if not len(sel):
+            continue
+        y = sel["value"].where(sel["value"].notna(), floor) if "value" in sel else pd.Series(floor, index=sel.index)
+        ax.scatter(sel["number"], y.fillna(floor), marker=marker, color=color, s=22, zorder=2,
+                   label=f"{label} ({len(sel)})")
+    other = df[~kind.isin(["complete", *styles])]
+    if len(other):
+        ax.scatter(other["number"], [floor] * len(other), marker=".", color="#5b6478", label=f"other ({len(other)})")
+    if len(df):
+        ax.set_xlim(df["number"].min() - 1, df["number"].max() + 1)
+    ax.set_xlabel(f"trial (all {len(df)})")
     ax.set_ylabel("objective (tok/s)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncols=2)
     ax.grid(alpha=0.3)
     ax.set_title("optimization history")
     return fig

@@ -33,7 +33,7 @@ def environment() -> Environment:
 # ---- blocks ----------------------------------------------------------------------------------
 @dataclass
 class Block:
-    kind: str                      # "p" | "kv" | "table" | "figure" | "missing" | "note" | "link"
+    kind: str                      # "p" | "kv" | "table" | "figure" | "missing" | "note" | "link" | "card"
     data: Any = None
 
 
@@ -73,6 +73,12 @@ class Section:
         self.blocks.append(Block("cells", {"columns": columns, "rows": rows, "caption": caption}))
         return self
 
+    def card(self, tiles: list[tuple[str, Any, str]]) -> "Section":
+        """An at-a-glance card: tiles of (label, value, how it was measured)."""
+        self.blocks.append(Block("card", [(k, fmt_value(v) if v is not None else NOT_MEASURED, how)
+                                          for k, v, how in tiles]))
+        return self
+
     def link(self, href: str, text: str) -> "Section":
         self.blocks.append(Block("link", {"href": href, "text": text}))
         return self
@@ -84,6 +90,9 @@ class Section:
     @property
     def is_missing(self) -> bool:
         return any(b.kind == "missing" for b in self.blocks)
+
+
+NOT_MEASURED = "not measured in this scan"
 
 
 def fmt_value(v: Any) -> str:

@@ -24,7 +24,7 @@ SCAN_TABLES = ("placement", "latency", "l2map", "l2_partition", "l2_region_home"
 
 def h200_device(name: str = "NVIDIA H200") -> dict[str, Any]:
     return {"vendor": "nvidia", "index": 0, "name": name, "arch": "sm_90", "sms": SMS, "dies": 1,
-            "sms_per_die": SMS, "dispatch": "gpc-fill", "l2_bytes": 60 * 2**20, "llc_bytes": None,
+            "sms_per_die": SMS, "dispatch": "breadth-first", "l2_bytes": 60 * 2**20, "llc_bytes": None,
             "mem_bytes": 141 * 10**9, "mem_bus_bits": 6144, "sm_clock_max_mhz": 1980,
             "mem_clock_max_mhz": 3201, "driver": "580.159.04", "runtime": "cuda 13.0", "ecc": True,
             "power_limit_w": 700.0, "pcie": {"gen": 5, "width": 16}, "links": [], "partition": None,
@@ -109,7 +109,8 @@ def scan_tables(seed: int = 0, scale: float = 1.0) -> tuple[dict[str, pd.DataFra
         "l2_partitions": [sms[part == p].tolist() for p in (0, 1)],
         "latency_ns": lat,
         "barrier_us_all_ctas": float(t["barrier"].query("ctas == 132 and warps == 1").us.iloc[0]),
-        "flag_oneway_us": 0.71 * scale, "launch_us": 4.6 * scale, "graph_launch_us": 2.3 * scale,
+        "flag_oneway_us": 0.71 * scale, "launch_host_us": 15.1 * scale, "launch_gpu_us": 2.6 * scale,
+        "graph_launch_us": 2.3 * scale,
         "sms_to_saturate_hbm": 64, "scan_seconds": 58.3,
         "comparison": [
             {"figure": "L2 near latency (cycles)", "ours": lat["l2_near"] * CLOCK_GHZ, "published": 260,
@@ -126,6 +127,20 @@ def scan_tables(seed: int = 0, scale: float = 1.0) -> tuple[dict[str, pd.DataFra
     }
     for c in summary["comparison"]:
         c["ratio"] = c["ours"] / c["published"]
+    summary["latency_method"] = {k: f"dependent plain loads ({k})" for k in lat}
+    summary["latency_other_methods"] = [{"figure": "l2_near", "method": "home-slice atomics", "ns": 226.0 * scale}]
+    summary["l2_far_penalty"] = {"near_ns": 226.0 * scale, "far_ns": 329.0 * scale, "ns": 103.0 * scale,
+                                 "ratio": 1.456, "method": "home-slice atomics"}
+    read = float(t["bandwidth"].query("kind == 'read'").GBps.max())
+    summary["bandwidth"] = {"read_peak_GBps": read, "torch_copy_GBps": 4200.0 / scale,
+                            "read_over_torch_copy": read / (4200.0 / scale), "reference_peak_GBps": 4200.0 / scale,
+                            "reference": "torch device-to-device copy, same run", "sms_to_saturate_hbm": 64}
+    summary["dispatch"] = "breadth-first"
+    summary["cross_checks"] = [
+        {"figure": "HBM read peak (GB/s)", "ours": read, "independent": 4200.0 / scale,
+         "method": "torch device-to-device copy, same run", "ratio": read / (4200.0 / scale), "note": ""},
+        {"figure": "GPU launch latency (us)", "ours": 2.6 * scale, "independent": 2.3 * scale,
+         "method": "CUDA graph replay, same run", "ratio": 2.6 / 2.3, "note": ""}]
     return t, summary
 
 
@@ -275,9 +290,12 @@ FAIL_REASONS = ("timeout after 120 s (kernel hang: barrier counter never reached
 
 
 def make_study(storage: str | None = None, name: str = "kog-h200-llama-3.2-1b", n_trials: int = 40,
-               seed: int = 0, n_failed: int = 4):
-    """An Optuna study with `n_trials` finished trials over an engine-like search space (some FAILED
-    with a 'fail_reason' user attribute), objective = tok/s (maximize)."""
+               seed: int = 0, n_failed: int = 4, n_pruned: int = 3, n_refused: int = 3, simulated: bool = False):
+    """An Optuna study with `n_trials` finished trials over an engine-like search space, objective = tok/s
+    (maximize), shaped like kogtune search's: trial 0 runs the engine default (user attr 'baseline'),
+    completed trials carry a 'breakdown' and a 'config' (dicts), some FAILED with a 'fail_reason', some
+    PRUNED after a short measurement, some refused before launch (PRUNED, fail_reason 'invalid: ...').
+    `simulated`: a --backend sim study (user attr backend 'sim', trials 'simulated')."""
     import optuna
     from optuna.distributions import CategoricalDistribution, IntDistribution
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -291,32 +309,59 @@ def make_study(storage: str | None = None, name: str = "kog-h200-llama-3.2-1b", 
              "mapping": CategoricalDistribution(["round-robin", "contiguous", "topology"]),
              "wait_granularity": IntDistribution(1, 8)}
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-    fail_at = set(rng.choice(np.arange(3, n_trials), size=min(n_failed, max(n_trials - 3, 0)), replace=False).tolist())
+    study.set_user_attr("backend", "sim" if simulated else "gpu")
+    study.set_user_attr("device", "NVIDIA H200")
+    if simulated:
+        study.set_user_attr("simulator_error", {"median_abs_pct": 5.9, "max_abs_pct": 58.0, "rows": 270,
+                                                "against": "synthetic"})
+    picks = rng.permutation(np.arange(3, n_trials))
+    fail_at = set(picks[:n_failed].tolist())
+    pruned_at = set(picks[n_failed:n_failed + n_pruned].tolist())
+    refused_at = set(picks[n_failed + n_pruned:n_failed + n_pruned + n_refused].tolist())
+    default = {"sync_mode": "targeted", "rows_per_task": 8, "k_chunk": 2048, "warps": 4, "ctas_per_sm": 2,
+               "weight_ring": 3, "mapping": "round-robin", "wait_granularity": 4}
+    state = optuna.trial.TrialState
     for i in range(n_trials):
         p = {k: d.to_external_repr(rng.integers(0, len(d.choices))) if isinstance(d, CategoricalDistribution)
              else int(np.exp(rng.uniform(np.log(d.low), np.log(d.high + 0.999))) if d.log
                       else rng.integers(d.low, d.high + 1))
              for k, d in dists.items()}
         p = {k: (int(v) if isinstance(v, (np.integer,)) else v) for k, v in p.items()}
+        if i == 0:
+            p = dict(default)
+        v = (900 + 380 * (p["sync_mode"] == "targeted") + 90 * (p["mapping"] == "topology")
+             - 40 * abs(np.log2(p["rows_per_task"] / 32)) + 25 * p["weight_ring"] - 15 * abs(p["warps"] - 4)
+             - 10 * p["wait_granularity"] + rng.normal(0, 20))
+        attrs: dict[str, Any] = {"baseline": "engine default"} if i == 0 else {}
+        if simulated:
+            attrs["simulated"] = True
         if i in fail_at:
-            t = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, params=p, distributions=dists,
+            t = optuna.trial.create_trial(state=state.FAIL, params=p, distributions=dists,
                                           user_attrs={"fail_reason": FAIL_REASONS[len(fail_at & set(range(i))) % 4]})
+        elif i in pruned_at:
+            t = optuna.trial.create_trial(state=state.PRUNED, params=p, distributions=dists,
+                                          intermediate_values={0: float(v) * 0.6},
+                                          user_attrs={"fail_reason": "slower than the 25th percentile"})
+        elif i in refused_at:
+            t = optuna.trial.create_trial(state=state.PRUNED, params=p, distributions=dists,
+                                          user_attrs={"fail_reason": "invalid: engine config: weight_ring 4 does "
+                                                                     "not fit in shared memory"})
         else:
-            v = (900 + 380 * (p["sync_mode"] == "targeted") + 90 * (p["mapping"] == "topology")
-                 - 40 * abs(np.log2(p["rows_per_task"] / 32)) + 25 * p["weight_ring"] - 15 * abs(p["warps"] - 4)
-                 - 10 * p["wait_granularity"] + rng.normal(0, 20))
-            t = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=float(v), params=p,
-                                          distributions=dists, user_attrs={"max_rel_err": float(rng.uniform(1e-3, 9e-3))})
+            spt = 1.0 / float(v)
+            bd = {"streaming": 0.7 * spt, "waiting": 0.15 * spt, "barrier": 0.0, "other": 0.15 * spt}
+            t = optuna.trial.create_trial(state=state.COMPLETE, value=float(v), params=p, distributions=dists,
+                                          user_attrs={**attrs, "max_rel_err": float(rng.uniform(1e-3, 9e-3)),
+                                                      "breakdown": bd, "config": {"mode": p["sync_mode"]}})
         study.add_trial(t)
     return study
 
 
 def write_study(store, n_trials: int = 40, seed: int = 0, name: str = "kog-h200-llama-3.2-1b",
-                device_name: str = "NVIDIA H200", n_failed: int = 4):
+                device_name: str = "NVIDIA H200", n_failed: int = 4, simulated: bool = False):
     """A synthetic study run: the Optuna study in an SQLite file inside the run directory; meta.json
     names it (study_name, storage relative to the run directory)."""
     run = store.create("study", h200_device(device_name), argv=["kogtune", "search", "--synthetic"],
                        extra={"study_name": name, "storage": "sqlite:///study.db"})
     with run:
-        make_study(f"sqlite:///{run.path / 'study.db'}", name, n_trials, seed, n_failed)
+        make_study(f"sqlite:///{run.path / 'study.db'}", name, n_trials, seed, n_failed, simulated=simulated)
     return run

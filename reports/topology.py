@@ -98,17 +98,92 @@ def _comparison_frame(comp) -> pd.DataFrame | None:
     return pd.DataFrame(out)
 
 
+# the inventory's a-priori dispatch names, as the placement probe names what it measures (kog.probe.scan)
+DISPATCH_NAMES = {"gpc-fill": "breadth-first"}
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def card_tiles(s: dict, part: pd.Series | None, dev: dict) -> list[tuple[str, Any, str]]:
+    """The summary card: what a persistent kernel needs to know first, each with how it was measured;
+    a figure the scan lacks reads 'not measured in this scan'."""
+    tiles: list[tuple[str, Any, str]] = []
+    if part is not None and len(part):
+        sizes = part.value_counts().sort_index()
+        tiles.append(("L2 partitions x SMs", " + ".join(str(int(n)) for n in sizes) + f" ({len(sizes)} x)",
+                      "per-SM L2 map, clustered"))
+    else:
+        tiles.append(("L2 partitions x SMs", None, ""))
+    pen = s.get("l2_far_penalty") or {}
+    if _num(pen.get("ns")) is not None:
+        tiles.append(("far-L2 penalty", f"+{pen['ns']:.0f} ns (x{pen.get('ratio', 0):.2f})",
+                      str(pen.get("method") or "")))
+    else:
+        tiles.append(("far-L2 penalty", None, ""))
+    bw = s.get("bandwidth") or {}
+    sat = s.get("sms_to_saturate_hbm")
+    tiles.append(("SMs to saturate HBM", f"{sat} of {s.get('sms') or dev.get('sms')}" if sat else None,
+                  f"95% of {bw.get('reference_peak_GBps', 0):,.0f} GB/s ({bw.get('reference')})"
+                  if bw.get("reference_peak_GBps") else "95% of the best read"))
+    tiles.append(("grid barrier, all CTAs", f"{s['barrier_us_all_ctas']:.2f} us"
+                  if _num(s.get("barrier_us_all_ctas")) is not None else None, "atomic barrier, 1 warp per CTA"))
+    tiles.append(("flag one-way", f"{s['flag_oneway_us']:.2f} us" if _num(s.get("flag_oneway_us")) is not None
+                  else None, "ping-pong between two CTAs / 2"))
+    gpu = _num(s.get("launch_gpu_us"))
+    tiles.append(("launch, GPU", f"{gpu:.2f} us" if gpu is not None else None,
+                  "CUDA-event timed empty launches, queued"))
+    host = _num(s.get("launch_host_us", s.get("launch_us")))
+    tiles.append(("launch, host", f"{host:.1f} us" if host is not None else None,
+                  "Triton launch from Python, host side"))
+    return tiles
+
+
+def _methods_frame(s: dict) -> pd.DataFrame | None:
+    """The headline latencies with their method, and the other methods' figures labelled."""
+    ln, lm = s.get("latency_ns") or {}, s.get("latency_method") or {}
+    if not ln:
+        return None
+    rows = [{"figure": k, "ns": v, "method": lm.get(k) or ("headline (this scan predates method labels)"
+                                                           if v is not None else "not measured in this scan"),
+             "headline": "yes"} for k, v in ln.items()]
+    rows += [{"figure": r.get("figure"), "ns": r.get("ns"), "method": r.get("method"), "headline": ""}
+             for r in s.get("latency_other_methods") or [] if isinstance(r, dict)]
+    return pd.DataFrame(rows)
+
+
+def _cross_frame(s: dict) -> pd.DataFrame | None:
+    rows = [r for r in s.get("cross_checks") or [] if isinstance(r, dict)]
+    if not rows:
+        return None
+    out = pd.DataFrame(rows)
+    out["ratio"] = [f"{r:.3f}" if isinstance(r, (int, float)) else "not measured in this scan" for r in out["ratio"]]
+    return out
+
+
 def scan_sections(run) -> list[Section]:
     s = _summary(run)
     dev = run.meta.get("device") or {}
     part = _partition_series(run, s)
     sections: list[Section] = []
 
+    sec = Section("card", "At a glance")
+    sec.card(card_tiles(s, part, dev))
+    if s.get("summary_rebuilt"):
+        sec.note(str(s["summary_rebuilt"]) + ".", "info")
+    sections.append(sec)
+
     # inventory
     sec = Section("inventory", "Inventory")
     inv = {k: dev.get(k) for k in ("name", "vendor", "arch", "sms", "dies", "dispatch", "l2_bytes", "mem_bytes",
                                    "sm_clock_max_mhz", "mem_clock_max_mhz", "driver", "runtime", "ecc",
                                    "power_limit_w", "pcie") if dev.get(k) is not None}
+    if inv.get("dispatch") or s.get("dispatch"):
+        # one name for the dispatch rule: the placement probe's measured one where the scan has it
+        measured = s.get("dispatch")
+        inv["dispatch"] = (f"{DISPATCH_NAMES.get(measured, measured)} (measured)" if measured else
+                           f"{DISPATCH_NAMES.get(inv['dispatch'], inv['dispatch'])} (inventory, not measured)")
     if inv.get("l2_bytes"):
         inv["l2_bytes"] = f"{inv['l2_bytes'] / 2**20:.0f} MiB"
     if inv.get("mem_bytes"):
@@ -119,12 +194,19 @@ def scan_sections(run) -> list[Section]:
         sec.missing("device inventory: meta.json has no 'device' entry.", error_for(run, "inventory", "device"))
     if s:
         lat = s.get("latency_ns") or {}
+        nm = (lambda v: "not measured in this scan" if v is None else v)
         sec.kv({"L2 partitions": len(s["l2_partitions"]) if isinstance(s.get("l2_partitions"), list) else None,
-                **{f"latency {k} (ns)": v for k, v in lat.items()},
-                "grid barrier, all CTAs (us)": s.get("barrier_us_all_ctas"),
-                "flag one-way (us)": s.get("flag_oneway_us"), "launch (us)": s.get("launch_us"),
-                "CUDA graph launch (us)": s.get("graph_launch_us"),
-                "SMs to saturate HBM": s.get("sms_to_saturate_hbm"), "scan time (s)": s.get("scan_seconds")})
+                **{f"latency {k} (ns)": nm(v) for k, v in lat.items()},
+                "grid barrier, all CTAs (us)": nm(s.get("barrier_us_all_ctas")),
+                "flag one-way (us)": nm(s.get("flag_oneway_us")),
+                "launch, host: Triton launch from Python (us)": nm(s.get("launch_host_us", s.get("launch_us"))),
+                "launch, GPU: CUDA-event timed empty launches (us)": nm(s.get("launch_gpu_us")),
+                "CUDA graph launch, per kernel (us)": nm(s.get("graph_launch_us")),
+                "SMs to saturate HBM": nm(s.get("sms_to_saturate_hbm")), "scan time (s)": s.get("scan_seconds")})
+        mf = _methods_frame(s)
+        if mf is not None:
+            sec.table(mf, caption="latency: the headline figures are one access kind (dependent plain loads); "
+                                  "other methods' figures beside them, labelled")
     else:
         why = corrupt_files(run).get("summary.json")
         sec.missing(f"summary.json is corrupt ({why})." if why else "summary.json: the scan did not write its summary.",
@@ -238,11 +320,33 @@ def scan_sections(run) -> list[Section]:
         _missing(sec, run, ["bandwidth"], "bandwidth vs SMs")
     else:
         def body():
-            sec.figure(F.bandwidth_curve(bw, s.get("sms_to_saturate_hbm")), "bandwidth against number of SMs")
+            b = s.get("bandwidth") or {}
+            sec.figure(F.bandwidth_curve(bw, s.get("sms_to_saturate_hbm"), reference=b.get("torch_copy_GBps")),
+                       "bandwidth against number of SMs, with the same run's torch copy")
             peak = bw.groupby("kind")["GBps"].max()
+            ratio = b.get("read_over_torch_copy")
             sec.kv({f"peak {k} (GB/s)": v for k, v in peak.items()} |
-                   {"SMs to saturate HBM": s.get("sms_to_saturate_hbm")})
+                   {"torch device-to-device copy, same run (GB/s)": b.get("torch_copy_GBps")
+                    or "not measured in this scan",
+                    "read peak / torch copy": f"{ratio:.3f}" if isinstance(ratio, (int, float))
+                    else "not measured in this scan",
+                    "SMs to saturate HBM (95% of the reference peak)": s.get("sms_to_saturate_hbm")
+                    or "not reached in this scan"})
+            if isinstance(ratio, (int, float)) and ratio < 0.95:
+                sec.note(f"The probe's best read is {ratio:.0%} of the same run's device-to-device copy: it does "
+                         "not saturate HBM, so its 'SMs to saturate' is against a peak it does not reach.", "warn")
         _guard(sec, run, body, "The bandwidth curve")
+    sections.append(sec)
+
+    # cross-checks within the run
+    sec = Section("crosscheck", "Cross-checked in the same run")
+    cf = _cross_frame(s)
+    if cf is None:
+        sec.missing("summary.json has no 'cross_checks' (a scan from before they were recorded).",
+                    error_for(run, "cross_checks"))
+    else:
+        sec.p("Each headline against an independent measurement made in the same scan; ratio = ours / theirs.")
+        sec.table(cf)
     sections.append(sec)
 
     # comparison

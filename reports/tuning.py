@@ -79,10 +79,15 @@ def load_study(study_name: str | None, storage: str, base: Path | None = None):
         raise UsageError(f"cannot open Optuna storage {mask_url(url)}: {type(e).__name__}: {e}") from None
 
 
-def trials_frame(study) -> pd.DataFrame:
-    df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
-    if "value" not in df and "values_0" in df:
-        df["value"] = df["values_0"]
+def trials_frame(study, attrs: tuple[str, ...] = ("number", "value", "state", "params", "user_attrs",
+                                                  "duration")) -> pd.DataFrame:
+    """study.trials_dataframe with the objective in a column named 'value' whatever Optuna calls it
+    ('values_0' for a multi-objective study, 'value_<metric name>' once set_metric_names was called)."""
+    df = study.trials_dataframe(attrs=attrs)
+    if "value" not in df:
+        named = [c for c in df.columns if c.startswith(("value_", "values_"))]
+        if named:
+            df = df.rename(columns={named[0]: "value"})
     return df
 
 
@@ -112,54 +117,214 @@ def _importances(study) -> tuple[dict[str, float] | None, str | None]:
     return None, "; ".join(errors) or "no evaluator available"
 
 
-def _parallel_coordinates(study) -> dict | str:
-    """optuna's matplotlib parallel-coordinate plot (it draws through pyplot: take its figure, embed it,
-    close it so no pyplot state is left behind)."""
+def _optuna_figure(plot, alt: str, size: tuple[float, float], **kw) -> dict | str:
+    """One of optuna.visualization.matplotlib's plots, embedded. They draw through pyplot: take the
+    figure, embed it, close it so no pyplot state is left behind. An error comes back as its text."""
     try:
         import matplotlib
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
-        from optuna.visualization.matplotlib import plot_parallel_coordinate
+        import numpy as np
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ax = plot_parallel_coordinate(study)
-        fig = ax.figure
+            ax = plot(**kw)
+            fig = np.asarray(ax).ravel()[0].figure
         try:
-            fig.set_size_inches(11, 4.8)
-            fig.tight_layout()   # optuna lays out for its own size: rotated labels would be cut
-            return embed_figure(fig, "parallel coordinates of the trials' parameters", None, "png", dpi=100)
+            fig.set_size_inches(*size)
+            with warnings.catch_warnings():     # colour-bar axes: tight_layout warns, and still lays out
+                warnings.simplefilter("ignore")
+                fig.tight_layout()   # optuna lays out for its own size: rotated labels would be cut
+            return embed_figure(fig, alt, None, "png", dpi=100)
         finally:
             plt.close(fig)
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
 
 
-def study_sections(df: pd.DataFrame, study=None, run=None, info: dict[str, Any] | None = None) -> list[Section]:
+def _parallel_coordinates(study) -> dict | str:
+    from optuna.visualization.matplotlib import plot_parallel_coordinate
+    return _optuna_figure(plot_parallel_coordinate, "parallel coordinates of the trials' parameters", (11, 4.8),
+                          study=study, target_name=_metric(study))
+
+
+def _metric(study) -> str:
+    """The objective's name as the study names it (set_metric_names), else tok/s."""
+    try:
+        names = study.metric_names
+    except Exception:  # noqa: BLE001
+        names = None
+    return names[0] if names else "tok/s"
+
+
+# ---- trials: what happened to each -----------------------------------------------------------------
+REFUSED_PREFIX = "invalid:"      # kog.tune.objective's fail_reason for a config refused before any launch
+OUTCOMES = ("complete", "pruned", "refused", "failed")
+
+
+def outcome(state: str, reason: Any) -> str:
+    """complete / pruned (stopped after a short measurement) / refused (the constraints rejected the config
+    before any launch: PRUNED with fail_reason 'invalid: ...') / failed; other states lower-cased."""
+    st = str(state).upper().split(".")[-1]
+    if st == "PRUNED":
+        return "refused" if str(reason or "").startswith(REFUSED_PREFIX) else "pruned"
+    return {"COMPLETE": "complete", "FAIL": "failed"}.get(st, st.lower())
+
+
+def with_outcome(df: pd.DataFrame) -> pd.DataFrame:
+    reason = df["user_attrs_fail_reason"] if "user_attrs_fail_reason" in df else pd.Series(None, index=df.index)
+    return df.assign(outcome=[outcome(s, r) for s, r in zip(df["state"], reason)])
+
+
+def _cell_is_nested(v: Any) -> bool:
+    return isinstance(v, (dict, list)) or (isinstance(v, str) and v[:1] in "{[")
+
+
+def flat_columns(df: pd.DataFrame, cols: list[str]) -> list[str]:
+    """The columns of `cols` whose cells are plain values: a dict or list (a config, a breakdown, JSON of
+    one) is no table cell; the report shows those as their own columns or figures."""
+    return [c for c in cols if c in df and not df[c].dropna().map(_cell_is_nested).any()]
+
+
+def params_table(df: pd.DataFrame) -> pd.DataFrame:
+    """number, outcome, value, one column per parameter, then the plain user attributes."""
+    attrs = [c for c in df.columns if c.startswith("user_attrs_") and c not in ("user_attrs_fail_reason",
+                                                                                "user_attrs_worker")]
+    cols = ["number", "outcome", "value"] + _param_cols(df) + flat_columns(df, attrs)
+    t = df[[c for c in cols if c in df]]
+    return t.rename(columns=lambda c: c.replace("params_", "").replace("user_attrs_", ""))
+
+
+def _as_dict(v: Any) -> dict | None:
+    if isinstance(v, dict):
+        return v
+    if isinstance(v, str) and v.startswith("{"):
+        import json
+        try:
+            d = json.loads(v)
+            return d if isinstance(d, dict) else None
+        except ValueError:
+            return None
+    return None
+
+
+def default_trial(df: pd.DataFrame, attrs: dict[str, Any]):
+    """The completed trial that ran the engine's default config (the search queues it first and tags it
+    user_attrs 'baseline'; older studies: the trial whose parameters equal study attr 'engine_default')."""
+    ok = df[df["outcome"] == "complete"]
+    if "user_attrs_baseline" in ok:
+        tagged = ok[ok["user_attrs_baseline"].notna()]
+        if len(tagged):
+            return tagged.iloc[0]
+    want = attrs.get("engine_default")
+    if isinstance(want, dict) and want:
+        cols = {f"params_{k}": v for k, v in want.items() if f"params_{k}" in ok}
+        if cols and len(cols) == len(_param_cols(ok)):
+            hit = ok[[all(r[c] == v for c, v in cols.items()) for _, r in ok.iterrows()]]
+            if len(hit):
+                return hit.iloc[0]
+    return None
+
+
+def _best_vs_default(sec: Section, best, base, maximize: bool) -> None:
+    """The best trial against the engine default: speed-up, the parameters that differ, and the time per
+    token by category (and phase, where the trials recorded it) side by side."""
+    speed = best["value"] / base["value"] if base["value"] else None
+    sec.kv({"engine default (trial)": int(base["number"]), "default tok/s": float(base["value"]),
+            "best (trial)": int(best["number"]), "best tok/s": float(best["value"]),
+            "speed-up over the default": None if speed is None else f"{speed:.3f}x"})
+    pcols = [c for c in best.index if c.startswith("params_")]
+    diff = [(c[len("params_"):], base[c], best[c]) for c in pcols if str(base[c]) != str(best[c])]
+    if diff:
+        sec.table(pd.DataFrame(diff, columns=["parameter", "default", "best"]),
+                  caption="parameters where the best differs from the default")
+    bb, db = (_as_dict(x.get("user_attrs_breakdown")) for x in (best, base))
+    if not (bb and db):
+        sec.p("No per-category breakdown was recorded for these trials (GPU trials time whole tokens; "
+              "`kogtune bench` has the breakdown of the stored config).")
+        return
+    rows = []
+    for k in [k for k in bb if k in db]:
+        b, d = _num(bb[k]), _num(db[k])
+        if b is None or d is None:
+            continue
+        rows.append({"part": k, "default (us/token)": d * 1e6, "best (us/token)": b * 1e6,
+                     "change (us)": (b - d) * 1e6})
+    if rows:
+        t = pd.DataFrame(rows)
+        sec.table(t, caption="time per token by part, default vs best")
+        sec.figure(F.compare_bars(list(t["part"]), list(t["default (us/token)"]), list(t["best (us/token)"]),
+                                  f"default (trial {int(base['number'])})", f"best (trial {int(best['number'])})",
+                                  "us per token"), "time per token by part: default against best")
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x else None
+
+
+def _sim_error_text(err: dict[str, Any] | None) -> str:
+    if not isinstance(err, dict) or err.get("median_abs_pct") is None:
+        return ("Its error against measurements was not recorded with this study "
+                "(python -m kog.tune.simulator --calibration states it).")
+    ring = (f"; the {err['ring_rows']} with the weight ring (the default engine path): median "
+            f"{err['ring_median_abs_pct']:.1f} %, max {err['ring_max_abs_pct']:.0f} %"
+            if err.get("ring_rows") and err.get("ring_median_abs_pct") is not None else "")
+    return (f"The simulator's error against {err.get('rows', '?')} measured configs "
+            f"({err.get('against', 'measured on the H200')}): median {err['median_abs_pct']:.1f} %, "
+            f"max {err['max_abs_pct']:.0f} % (relative, tok/s){ring}.")
+
+
+def study_sections(df: pd.DataFrame, study=None, run=None, info: dict[str, Any] | None = None,
+                   attrs: dict[str, Any] | None = None) -> list[Section]:
     maximize = True
     if study is not None:
         try:
             maximize = study.direction.name == "MAXIMIZE"
         except Exception:  # multi-objective
             maximize = study.directions[0].name == "MAXIMIZE"
-    state = df["state"].astype(str) if "state" in df else pd.Series([], dtype=str)
-    df = df.assign(state=state)
-    ok = df[df["state"] == "COMPLETE"].dropna(subset=["value"]) if "value" in df else df.iloc[0:0]
+    attrs = attrs or {}
+    state = df["state"].astype(str).str.split(".").str[-1] if "state" in df else pd.Series([], dtype=str)
+    df = with_outcome(df.assign(state=state))
+    ok = df[df["outcome"] == "complete"].dropna(subset=["value"]) if "value" in df else df.iloc[0:0]
     sections: list[Section] = []
 
     sec = Section("overview", "Study")
-    counts = state.value_counts().to_dict()
+    if is_simulated(df, attrs):
+        sec.note("SIMULATED: every value in this report is the cost model's prediction (kogtune search "
+                 "--backend sim), not a measurement. " + _sim_error_text(attrs.get("simulator_error")), "sim")
+    counts = df["outcome"].value_counts().to_dict()
     best = (ok.loc[ok["value"].idxmax()] if maximize else ok.loc[ok["value"].idxmin()]) if len(ok) else None
-    sec.kv({**(info or {}), "direction": "maximize" if maximize else "minimize", "trials": len(df),
-            **{f"{k.lower()} trials": v for k, v in counts.items()},
+    sec.kv({**(info or {}), "objective": _metric(study) if study is not None else "tok/s",
+            "direction": "maximize" if maximize else "minimize", "trials": len(df),
+            **{f"{k} trials": counts.get(k, 0) for k in OUTCOMES},
+            **{f"{k} trials": v for k, v in counts.items() if k not in OUTCOMES},
             "best value": None if best is None else float(best["value"]),
             "best trial": None if best is None else int(best["number"])})
     if best is not None:
-        sec.kv({c[len("params_"):]: best[c] for c in _param_cols(df)})
+        sec.table(pd.DataFrame([{c[len("params_"):]: best[c] for c in _param_cols(df)}]),
+                  caption="the best trial's parameters")
+    if attrs.get("dashboard"):
+        sec.p(f"Browse the study live: {attrs['dashboard']}")
+    sections.append(sec)
+
+    sec = Section("default", "Best against the engine default")
+    base = default_trial(df, attrs) if best is not None else None
+    if best is None:
+        sec.missing("no completed trial to compare.")
+    elif base is None:
+        sec.missing("no completed trial ran the engine's default config (the search queues it first; a study "
+                    "made before that, or one whose default failed, has none).")
+    else:
+        _best_vs_default(sec, best, base, maximize)
     sections.append(sec)
 
     sec = Section("history", "Optimization history")
     if len(df) and "value" in df:
-        sec.figure(F.study_history(df, maximize), "objective per trial with best so far")
+        sec.figure(F.study_history(df, maximize), "objective per trial with best so far, every trial shown",
+                   caption=f"all {len(df)} trials: completed as dots, pruned and refused at the bottom")
     else:
         sec.missing("no trials yet.")
     sections.append(sec)
@@ -172,13 +337,17 @@ def study_sections(df: pd.DataFrame, study=None, run=None, info: dict[str, Any] 
     else:
         imp, how = _importances(study)
         if imp:
-            sec.figure(F.importances(imp), "parameter importances")
+            from optuna.visualization.matplotlib import plot_param_importances
+            r = _optuna_figure(plot_param_importances, "parameter importances (Optuna)", (8, 0.4 * len(imp) + 1.6),
+                               study=study, evaluator=_evaluator(how), target_name=_metric(study))
+            sec.blocks.append(Block("figure", r)) if isinstance(r, dict) else \
+                sec.figure(F.importances(imp), "parameter importances")
             sec.p(f"Evaluator: {how}.")
         else:
             sec.missing("parameter importances could not be computed.", how)
     sections.append(sec)
 
-    sec = Section("parallel", "Parallel coordinates")
+    sec = Section("parallel", "Parallel coordinates and slices")
     if study is None:
         sec.missing("parallel coordinates need the Optuna study; this run has only a trials table.")
     elif len(ok) < 2:
@@ -189,36 +358,71 @@ def study_sections(df: pd.DataFrame, study=None, run=None, info: dict[str, Any] 
             sec.blocks.append(Block("figure", r))
         else:
             sec.missing("parallel coordinates could not be drawn.", r)
+        from optuna.visualization.matplotlib import plot_slice
+        n = max(1, len(_param_cols(df)))
+        r = _optuna_figure(plot_slice, "objective against each parameter (Optuna slice plot)",
+                           (min(3.0 * n, 15), 3.4), study=study, target_name=_metric(study))
+        if isinstance(r, dict):
+            sec.blocks.append(Block("figure", r))
     sections.append(sec)
 
     sec = Section("top", f"Top {TOP_N} configurations")
     if len(ok):
         top = ok.sort_values("value", ascending=not maximize).head(TOP_N)
-        cols = ["number", "value"] + _param_cols(df) + [c for c in df.columns if c.startswith("user_attrs_")
-                                                          and c != "user_attrs_fail_reason"]
-        t = top[[c for c in cols if c in top]].rename(columns=lambda c: c.replace("params_", "").replace("user_attrs_", ""))
-        sec.table(t.dropna(axis=1, how="all"))
+        sec.table(params_table(top).drop(columns="outcome").dropna(axis=1, how="all"))
     else:
         sec.missing("no completed trial.", error_for(run, "trial", "search") if run is not None else None)
     sections.append(sec)
 
-    sec = Section("failed", "Failed trials")
-    bad = df[df["state"] == "FAIL"]
-    if len(bad):
-        reason = bad["user_attrs_fail_reason"] if "user_attrs_fail_reason" in bad else pd.Series(None, index=bad.index)
-        t = pd.DataFrame({"number": bad["number"], "reason": reason.fillna("(no reason recorded)")})
-        t = pd.concat([t, bad[_param_cols(df)].rename(columns=lambda c: c[len("params_"):])], axis=1)
-        sec.p(f"{len(bad)} trial(s) failed; each failure is kept with its reason and never counts as a best.")
-        sec.table(t)
-        by = t["reason"].astype(str).str.split(":").str[0].value_counts()
-        sec.table(pd.DataFrame({"kind of failure": by.index, "trials": by.values}), caption="by kind")
+    sec = Section("trials", "Every trial")
+    if len(df):
+        sec.table(params_table(df.sort_values("number")).dropna(axis=1, how="all"), max_rows=len(df),
+                  caption="one row per trial, one column per parameter")
     else:
-        sec.p("No trial failed.")
-    pruned = int((df["state"] == "PRUNED").sum())
-    if pruned:
-        sec.p(f"{pruned} trial(s) were pruned after a short measurement (slower than the running median).")
+        sec.missing("no trials yet.")
     sections.append(sec)
+
+    sections.append(_not_completed(df))
     return sections
+
+
+def _evaluator(name: str | None):
+    import optuna
+    if name == "PedAnovaImportanceEvaluator":
+        return optuna.importance.PedAnovaImportanceEvaluator()
+    return optuna.importance.FanovaImportanceEvaluator(seed=0)
+
+
+def is_simulated(df: pd.DataFrame, attrs: dict[str, Any]) -> bool:
+    """A --backend sim study: its user attrs say so, or its trials carry 'simulated'."""
+    if attrs.get("backend") == "sim":
+        return True
+    col = df.get("user_attrs_simulated")
+    return bool(col is not None and col.fillna(False).astype(bool).any())
+
+
+def _not_completed(df: pd.DataFrame) -> Section:
+    """Failed, pruned and refused trials, each kind apart with its reasons."""
+    sec = Section("failed", "Failed, pruned and refused trials")
+    reason = df["user_attrs_fail_reason"] if "user_attrs_fail_reason" in df else pd.Series(None, index=df.index)
+    params = df[_param_cols(df)].rename(columns=lambda c: c[len("params_"):])
+    what = {"failed": "failed (crash, timeout, wrong result): kept with the reason, never counted as a best",
+            "pruned": "pruned: stopped after a short measurement that was slower than most trials so far",
+            "refused": "refused before launch: the constraints rejected the config, no GPU time spent"}
+    for kind, text in what.items():
+        sel = df["outcome"] == kind
+        n = int(sel.sum())
+        if not n:
+            sec.p(f"No trial {kind}.")
+            continue
+        sec.p(f"{n} trial(s) {text}.")
+        t = pd.concat([pd.DataFrame({"number": df.loc[sel, "number"],
+                                     "reason": reason[sel].fillna("(no reason recorded)")}), params[sel]], axis=1)
+        sec.table(t, caption=kind)
+        if kind != "pruned":
+            by = t["reason"].astype(str).str.split(":").str[0].value_counts()
+            sec.table(pd.DataFrame({"kind of " + kind: by.index, "trials": by.values}), caption="by kind")
+    return sec
 
 
 def render_study_report(study_or_run, out: str | Path | None = None, storage: str | None = None) -> Path:
@@ -265,10 +469,32 @@ def render_study_report(study_or_run, out: str | Path | None = None, storage: st
     elif Path(out).is_dir():     # a run directory given as the destination
         out = Path(out) / "report.html"
     name = info.get("study") or "study"
-    dev = ((run.meta.get("device") or {}).get("name") if run is not None else None) or \
-        (study.user_attrs.get("device") if study is not None else None)
-    facts = {"study": name, "device": dev, "trials": len(df),
-             **({"status": run.status, "run": Path(run.path).name} if run is not None else {})}
-    return render_page(Path(out), f"kog tuning report: {name}",
-                       "What the search tried, what mattered, what won, and what failed and why.",
-                       facts, study_sections(df, study, run, info), "study")
+    attrs = _study_attrs(study, run)
+    dev = ((run.meta.get("device") or {}).get("name") if run is not None else None) or attrs.get("device")
+    sim = is_simulated(df, attrs)
+    facts = {"study": name, "device": dev, "backend": "SIMULATED (cost model)" if sim else attrs.get("backend"),
+             "trials": len(df), **({"status": run.status, "run": Path(run.path).name} if run is not None else {})}
+    banner = ("SIMULATED study (--backend sim): the tok/s here are the cost model's predictions, not "
+              "measurements. " + _sim_error_text(attrs.get("simulator_error"))) if sim else None
+    return render_page(Path(out), f"kog tuning report: {name}" + (" (SIMULATED)" if sim else ""),
+                       "What the search tried, what mattered, what won against the engine's default, and what "
+                       "failed and why.", facts, study_sections(df, study, run, info, attrs), "study",
+                       extra={"banner": banner})
+
+
+def _study_attrs(study, run) -> dict[str, Any]:
+    """The study's user attributes (backend, device, engine_default, simulator_error, ...): from the study,
+    else from the summary.json of its run."""
+    attrs: dict[str, Any] = {}
+    if run is not None and run.has_json("summary"):
+        try:
+            summ = run.json("summary")
+            attrs.update(summ.get("attrs") or {})
+            for k in ("backend", "dashboard"):
+                if summ.get(k) is not None:
+                    attrs.setdefault(k, summ[k])
+        except Exception:  # noqa: BLE001 - a report shows what it can
+            pass
+    if study is not None:
+        attrs.update(study.user_attrs)
+    return attrs

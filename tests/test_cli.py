@@ -102,9 +102,96 @@ def test_runs_lists_the_store(tmp_runs):
     p = run("kogprobe", "runs", "--json", "--runs-dir", str(tmp_runs.root))
     assert p.returncode == 0, p.stderr
     (row,) = json.loads(p.stdout)
-    assert row["path"] == str(r.path) and row["status"] == "complete" and row["kind"] == "scan"
+    assert row["path"] == str(r.path.resolve()) and row["status"] == "complete" and row["kind"] == "scan"
     p = run("kogprobe", "runs", "--runs-dir", str(tmp_runs.root / "empty"))
     assert p.returncode == 0 and "no runs" in p.stdout
+
+
+def test_runs_piped_prints_whole_paths(tmp_path):
+    # not a terminal (a pipe, as in `kogprobe runs | cat`): no 80-column cut, no wrapping, no ellipsis
+    from kog.runstore import RunStore
+    store = RunStore(tmp_path / ("a-rather-long-folder-name-" * 4) / "runs")
+    with store.create("scan", {"name": "NVIDIA H200 with a long device name"}) as r:
+        pass
+    p = run("kogprobe", "runs", "--runs-dir", str(store.root))
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if "scan" in ln and "complete" in ln)
+    assert str(r.path.resolve()) in line and "…" not in p.stdout
+
+
+def _options(parser):
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sp in action.choices.items():
+                yield from ((f"{name} {o}", a) for o, a in _options(sp))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield "/".join(action.option_strings) or action.dest, action
+
+
+@pytest.mark.parametrize("tool", ["kogprobe", "kogtune"])
+def test_every_option_has_help_and_shows_its_default(tool):
+    from kog.clitools import HelpFormatter
+    mod = {"kogprobe": "kog.probe.cli", "kogtune": "kog.tune.cli"}[tool]
+    parser = __import__(mod, fromlist=["build_parser"]).build_parser()
+    fmt = HelpFormatter(tool)
+    bare = [name for name, a in _options(parser) if a.option_strings and not a.help]
+    assert not bare, f"options without help: {bare}"
+    hidden = [name for name, a in _options(parser) if a.option_strings and not a.required
+              and "default" not in fmt._get_help_string(a).lower()]
+    assert not hidden, f"options whose help does not show the default: {hidden}"
+    p = run(tool, "report", "--help")
+    assert p.returncode == 0 and "(default:" in p.stdout
+
+
+@pytest.mark.parametrize("argv,usage", [(["kogprobe", "runs", "--jsn"], "usage: kogprobe runs"),
+                                        (["kogtune", "replay", "x.parquet", "--sed", "3"], "usage: kogtune replay"),
+                                        (["kogtune", "bench", "--json", "out.json"], "usage: kogtune bench")])
+def test_mistyped_option_prints_the_subcommands_usage(argv, usage):
+    p = run(*argv)
+    assert p.returncode == 2 and p.stderr.startswith(usage), p.stderr
+    assert "unrecognized arguments" in p.stderr
+    _no_traceback(p)
+
+
+@pytest.mark.parametrize("tool,kinds", [("kogprobe", "scan"), ("kogtune", "bench or study or sweep")])
+def test_report_without_a_run_and_an_empty_store_is_one_line(tool, kinds, tmp_path):
+    p = run(tool, "report", "--runs-dir", str(tmp_path / "runs"))
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"no {kinds} run in {tmp_path / 'runs'}" in lines[0], p.stderr
+
+
+def test_report_without_a_run_renders_the_newest(tmp_path):
+    from kog.reports import synthetic
+    from kog.runstore import RunStore
+    store = RunStore(tmp_path / "runs")
+    synthetic.write_scan(store, drop=set(synthetic.SCAN_TABLES) - {"latency"})
+    newest = synthetic.write_scan(store, drop=set(synthetic.SCAN_TABLES) - {"bandwidth"})
+    bench = synthetic.write_bench(store, drop=("timeline",))
+    p = run("kogprobe", "report", "--runs-dir", str(store.root))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == str(newest.path / "report.html")
+    assert str(newest.path.resolve()) in p.stderr
+    p = run("kogtune", "report", "--runs-dir", str(store.root))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == str(bench.path / "report.html")
+
+
+def test_replay_json_is_only_json():
+    from pathlib import Path
+    sweep = Path(__file__).resolve().parents[1] / "tune" / "data" / "sim-nvidia-h200-llama-3.2-1b-sweep.parquet"
+    p = run("kogtune", "replay", str(sweep), "--seeds", "1", "--sampler", "random", "--compare", "", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)           # the whole of stdout is one JSON document
+    assert doc["sampler"] == "random" and doc["median_evaluations"] >= 1
+
+
+@pytest.mark.parametrize("name", ["tpe", "gp", "cmaes", "random"])
+def test_every_offered_sampler_is_installed(name):
+    # the README's install (pip install -e .) brings what each --sampler choice needs
+    from kog.tune.search import make_sampler
+    assert make_sampler(name, seed=0) is not None
 
 
 # ---- dispatch: "not built yet" only for a missing module, never masking other import errors ----

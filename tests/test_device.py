@@ -24,7 +24,7 @@ def test_recorded_h200_is_the_lent_gpu():
     assert info.l2_bytes == 60 * MiB
     assert 140 * 2**30 < info.mem_bytes < 144 * 2**30  # 143771 MiB of HBM3e
     assert info.driver == "580.159.04" and info.runtime.startswith("cuda ")
-    assert info.dispatch == "gpc-fill" and info.is_fake
+    assert info.dispatch == "breadth-first" and info.is_fake
 
 
 def test_bundled_inventory_equals_the_test_fixture():
@@ -166,7 +166,7 @@ def test_nvidia_inventory_with_nvml(monkeypatch):
     _patch_torch(monkeypatch, _props())
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
     info = nvidia.inventory(0)
-    assert (info.sms, info.l2_bytes, info.arch, info.dispatch) == (132, 60 * MiB, "sm_90", "gpc-fill")
+    assert (info.sms, info.l2_bytes, info.arch, info.dispatch) == (132, 60 * MiB, "sm_90", "breadth-first")
     assert info.driver == "580.159.04" and info.runtime == "cuda 13.0"
     assert info.mem_bytes == 150_754_820_096 and info.extra["mem_bytes_cuda"] == 150_109_880_320
     assert (info.sm_clock_max_mhz, info.mem_clock_max_mhz, info.ecc, info.power_limit_w) == (1980, 3201, True, 700.0)

@@ -302,7 +302,7 @@ def test_cli_bench_prints_run_then_report_last(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(bench._REGISTRY, "kog-targeted", Traced)
     monkeypatch.setattr(bench, "run_bench", functools.partial(bench.run_bench, cpu_for_tests=True, progress=False))
     args = argparse.Namespace(model="tiny", tokens=3, prompt_tokens=4, repeats=1, systems="reference-eager,kog-targeted",
-                              runs_dir=str(tmp_path / "runs"), json=None)
+                              runs_dir=str(tmp_path / "runs"), json=False, out=None)
     assert bench.cli_bench(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     run_dir, report = Path(lines[-2]), Path(lines[-1])
@@ -310,7 +310,7 @@ def test_cli_bench_prints_run_then_report_last(tmp_path, monkeypatch, capsys):
     assert report == run_dir / "report.html" and report.is_file()
     html = report.read_text()
     assert "kog-targeted" in html and "Per-SM timeline" in html and "data:image/png;base64," in html
-    assert list(run_dir.glob("report*.trace.json"))              # the Chrome trace beside the report
+    assert list(run_dir.glob("timeline*.trace.json.gz"))         # the Chrome trace, gzipped in the run folder
 
 
 def test_kog_systems_run_the_monokernel_with_the_tuned_config(tmp_path, monkeypatch):

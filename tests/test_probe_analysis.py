@@ -164,6 +164,19 @@ def test_nvidia_dispatch_and_tpc_pairs():
 def test_saturation_sms():
     df = pd.DataFrame({"sms": [1, 32, 64, 96, 132], "kind": "read", "GBps": [40, 2000, 3500, 3900, 4000.0]})
     assert saturation_sms(df) == 96
+    assert saturation_sms(df, peak=4200.0) == 132                   # against the copy's peak: later
+    assert saturation_sms(df, peak=4500.0) is None                  # never reached: said, not faked
+
+
+def test_peak_summary_against_the_torch_copy():
+    from kog.probe.probes.bandwidth import peak_summary
+    df = pd.DataFrame({"sms": [1, 64, 132, 1, 64, 132], "kind": ["read"] * 3 + ["copy"] * 3,
+                       "GBps": [40, 4000, 4050, 60, 3600, 3700.0]})
+    p = peak_summary(df, 4200.0)
+    assert p["reference_peak_GBps"] == 4200.0 and p["read_over_torch_copy"] == pytest.approx(4050 / 4200)
+    assert p["sms_to_saturate_hbm"] == 64                            # 4000 >= 0.95 x 4200
+    q = peak_summary(df, None)
+    assert q["reference"] == "best read of the probe" and q["sms_to_saturate_hbm"] == 64
 
 
 def test_comparison_explains_big_gaps_only():

@@ -23,18 +23,31 @@ def test_pointer_chase_follows_the_permutation():
     assert out[2].item() // 32 == p[(p.index(start // 32) + 7) % 48]
 
 
-def test_read_kernel_sums_random_data():
-    x = torch.rand(5 * 256, generator=torch.Generator().manual_seed(3))
+def test_read_kernel_reads_every_chunk_once():
+    # the CTAs take chunks from an atomic counter: the per-CTA sums add up to the buffer's, whatever the
+    # number of chunks against UNROLL (here 11 chunks of 256, taken 4 at a time: the last take is partial)
+    x = torch.rand(11 * 256, generator=torch.Generator().manual_seed(3))
     s = bandwidth.read_sum(x, 3, block=256)
     assert s.shape == (3,)
     assert s.sum().item() == pytest.approx(x.sum().item(), rel=1e-5)
-    assert s[0].item() == pytest.approx((x[:256].sum() + x[768:1024].sum()).item(), rel=1e-5)
+
+
+def test_read_kernel_skips_ctas_beyond_the_sms_used():
+    # without asm the "SM" is the program id: CTAs 2.. stand for SMs beyond n_sms and must do nothing
+    x = torch.rand(8 * 128, generator=torch.Generator().manual_seed(4))
+    out = torch.full((5,), -1.0)
+    counter = torch.zeros(1, dtype=torch.int32)
+    bandwidth.launch_read(x, out, counter, n_sms=2, grid=5, use_asm=False, block=128, unroll=2, warps=1)
+    assert out[2:].tolist() == [0.0, 0.0, 0.0]
+    assert out[:2].sum().item() == pytest.approx(x.sum().item(), rel=1e-5)
+    assert counter.item() >= 8
 
 
 def test_copy_kernel_copies():
-    x = torch.rand(4 * 128)
+    x = torch.rand(9 * 128)
     y = torch.zeros_like(x)
-    bandwidth.copy_kernel[(3,)](x, y, 4, BLOCK=128)
+    counter = torch.zeros(1, dtype=torch.int32)
+    bandwidth.launch_copy(x, y, counter, n_sms=3, grid=3, use_asm=False, block=128, unroll=4, warps=1)
     assert torch.equal(x, y)
 
 

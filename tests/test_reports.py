@@ -20,7 +20,8 @@ from kog.reports.topology import render_scan_report
 from kog.reports.tuning import mask_url, render_study_report
 
 EVIL = "<script>alert(1)</script>"
-SCAN_SECTIONS = ("inventory", "placement", "latency", "l2map", "signal", "sync", "bandwidth", "comparison")
+SCAN_SECTIONS = ("card", "inventory", "placement", "latency", "l2map", "signal", "sync", "bandwidth", "crosscheck",
+                 "comparison")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,32 @@ def test_scan_report_has_every_section_and_figure(scan_html):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" if m.group(1) == "png" else b"<svg" in data[:400]
     assert "132" in secs["inventory"] and "sm_90" in secs["inventory"]
     assert "gap &gt; 30%" in secs["comparison"]
+
+
+def test_scan_report_card_and_labelled_figures(scan_html):
+    path, html = scan_html
+    secs = sections(html)
+    assert next(iter(secs)) == "card"                               # the card comes first
+    card = secs["card"]
+    tiles = dict(re.findall(r'<div class="tile-label">([^<]+)</div><div class="tile-value[^"]*">([^<]+)</div>', card))
+    assert set(tiles) == {"L2 partitions x SMs", "far-L2 penalty", "SMs to saturate HBM", "grid barrier, all CTAs",
+                          "flag one-way", "launch, GPU", "launch, host"}
+    assert re.fullmatch(r"\d+ \+ \d+ \(2 x\)", tiles["L2 partitions x SMs"]) and tiles["SMs to saturate HBM"] == "64 of 132"
+    assert "Triton launch from Python, host side" in card and "CUDA-event timed" in card
+    assert "breadth-first (measured)" in secs["inventory"]          # one dispatch name
+    assert "one access kind" in secs["inventory"] and "home-slice atomics" in secs["inventory"]
+    assert "torch device-to-device copy" in secs["crosscheck"] and "ratio" in secs["crosscheck"]
+    assert "read peak / torch copy" in secs["bandwidth"]
+
+
+def test_scan_report_of_an_old_scan_says_what_it_lacks(store, tmp_path):
+    run = synthetic.write_scan(store, summary_drop=("launch_gpu_us", "l2_far_penalty", "cross_checks",
+                                                    "latency_method", "bandwidth"))
+    html = render_scan_report(run, tmp_path / "old.html").read_text()
+    secs = sections(html)
+    card = secs["card"]
+    assert card.count("not measured in this scan") == 2              # GPU launch, far-L2 penalty
+    assert "Missing:" in secs["crosscheck"]
 
 
 def test_scan_report_offline_and_small(scan_html):
@@ -188,15 +215,17 @@ def test_bench_report_sections_and_escaping(bench_html):
     assert_offline(html)
 
 
-def test_bench_report_writes_a_chrome_trace_beside_it(bench_run, bench_html):
+def test_bench_report_writes_gzipped_chrome_traces_into_the_run(bench_run, bench_html):
+    import gzip
     path, html = bench_html
     tl = bench_run.table("timeline")
-    links = re.findall(r'href="([^"#]+\.trace\.json)"', html)
+    links = re.findall(r'href="([^"#]+\.trace[^"]*\.json\.gz)"', html)
     assert len(links) == tl["system"].nunique() == 2
     total = 0
     for href in links:
-        assert "/" not in href                      # relative, beside the HTML
-        doc = json.loads((path.parent / href).read_text())
+        trace = (path.parent / href).resolve()
+        assert trace.parent == Path(bench_run.path).resolve()       # inside the run folder, not beside the HTML
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
         ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
         sysname = doc["otherData"]["system"]
         rows = tl[tl["system"] == sysname]
@@ -210,6 +239,7 @@ def test_bench_report_writes_a_chrome_trace_beside_it(bench_run, bench_html):
         assert all(e["dur"] >= 0 for e in ev)
         assert {e["cat"] for e in ev} <= {"streaming", "waiting", "barrier", "other"}
     assert total == len(tl)
+    assert not list(path.parent.glob("*.trace.json")) and not list(path.parent.glob("*.json.gz"))
 
 
 def test_bench_report_missing_parts(store, tmp_path):
@@ -242,14 +272,59 @@ def test_bench_report_from_a_bench_json_file(tmp_path):
 def test_study_report(study_run, tmp_path):
     html = render_study_report(study_run, tmp_path / "s.html").read_text()
     secs = sections(html)
-    assert tuple(secs) == ("overview", "history", "importance", "parallel", "top", "failed")
+    assert tuple(secs) == ("overview", "default", "history", "importance", "parallel", "top", "trials", "failed")
     assert "Missing:" not in html, re.findall(r"Missing:</strong>[^<]*", html)
-    for sid in ("history", "importance", "parallel"):
+    for sid in ("history", "importance", "parallel", "default"):
         assert "<img " in secs[sid]
+    assert secs["parallel"].count("<img ") == 2                    # Optuna's parallel coordinates and slices
     assert "4 trial(s) failed" in secs["failed"]
     assert "compile error: out of shared memory" in secs["failed"]
     assert secs["top"].count("<tr>") >= 10
+    assert "SIMULATED" not in html
     assert_offline(html)
+
+
+def _table_rows(sec: str) -> list[list[str]]:
+    return [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", r, re.S) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", sec, re.S)]
+
+
+def test_study_report_parameters_are_columns_and_every_trial_is_listed(study_run, tmp_path):
+    html = render_study_report(study_run, tmp_path / "s.html").read_text()
+    secs = sections(html)
+    top = _table_rows(secs["top"])
+    header = top[0]
+    for p in ("rows_per_task", "k_chunk", "warps", "weight_ring", "mapping"):
+        assert p in header                                           # one column per parameter
+    assert "config" not in header and "breakdown" not in header     # dict attributes are no cells
+    assert not any("{" in cell or "}" in cell for row in top for cell in row)
+    every = _table_rows(secs["trials"])
+    assert len(every) - 1 == 30 and "more rows not shown" not in secs["trials"]
+    assert "all 30 trials" in secs["history"]
+
+
+def test_study_report_separates_pruned_refused_and_failed(study_run, tmp_path):
+    html = render_study_report(study_run, tmp_path / "s.html").read_text()
+    secs = sections(html)
+    assert "3 trial(s) pruned" in secs["failed"] and "3 trial(s) refused before launch" in secs["failed"]
+    assert "4 trial(s) failed" in secs["failed"]
+    kv = dict(re.findall(r"<tr><th>([^<]+)</th><td>([^<]*)</td></tr>", secs["overview"]))
+    assert (kv["pruned trials"], kv["refused trials"], kv["failed trials"], kv["complete trials"]) == ("3", "3", "4", "20")
+
+
+def test_study_report_best_against_the_default(study_run, tmp_path):
+    html = render_study_report(study_run, tmp_path / "s.html").read_text()
+    sec = sections(html)["default"]
+    assert "speed-up over the default" in sec and re.search(r"\d\.\d{3}x", sec)
+    assert "time per token by part" in sec and "streaming" in sec
+    assert "engine default (trial)</th><td>0<" in sec
+
+
+def test_simulated_study_report_has_the_banner_and_the_error(store, tmp_path):
+    run = synthetic.write_study(store, n_trials=16, simulated=True, name="sim-study")
+    html = render_study_report(run, tmp_path / "sim.html").read_text()
+    assert '<div class="banner" role="alert">SIMULATED study' in html
+    assert "median 5.9 %" in html and "max 58 %" in html
+    assert "<title>kog tuning report: sim-study (SIMULATED)</title>" in html
 
 
 def test_study_report_from_a_study_object_and_from_a_trials_table(store, tmp_path):
@@ -261,6 +336,7 @@ def test_study_report_from_a_study_object_and_from_a_trials_table(store, tmp_pat
     html = render_study_report(run, tmp_path / "t.html").read_text()
     secs = sections(html)
     assert "<img " in secs["history"] and "Missing:" in secs["importance"] and "1 trial(s) failed" in secs["failed"]
+    assert "Missing:" not in secs["default"] and "speed-up" in secs["default"]
 
 
 def test_mask_url_hides_passwords():
@@ -330,7 +406,7 @@ def test_kogprobe_report_renders_the_bundled_scan(monkeypatch, small_scan, tmp_p
     from kog.probe.cli import main
     monkeypatch.setattr(scan, "bundled_scan_path", lambda: Path(scan_run.path))
     out = tmp_path / "b.html"
-    assert main(["report", "-o", str(out)]) == 0
+    assert main(["report", "--bundled", "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--bundled"]) == 0
@@ -422,7 +498,8 @@ def test_bench_report_accepts_the_engines_raw_trace_table(store, tmp_path):
     path = render_bench_report(run, tmp_path / "b.html")
     sec = sections(path.read_text())["timeline"]
     assert "Missing:" not in sec and "<img " in sec
-    doc = json.loads((tmp_path / "b.trace.json").read_text())
+    import gzip
+    doc = json.loads(gzip.decompress((Path(run.path) / "timeline.trace.json.gz").read_bytes()))
     ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     waits = int((raw["wait_ns"] > 0).sum())
     assert len(ev) == len(raw) + waits

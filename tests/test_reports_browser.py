@@ -118,8 +118,9 @@ class Chromium:
                     raise TimeoutError(f"no {method} within {timeout or self.timeout} s")
                 self._lock.wait(left)
 
-    def open(self, url: str, full_page: bool = False) -> dict:
-        """Load `url` in a fresh tab; return what a person would see and what the page did."""
+    def open(self, url: str, full_page: bool = False, evaluate: str | None = None) -> dict:
+        """Load `url` in a fresh tab; return what a person would see and what the page did (and, with
+        `evaluate`, the value of that JavaScript expression on the loaded page)."""
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
@@ -137,6 +138,10 @@ class Chromium:
                                               "[document.documentElement.scrollWidth, "
                                               "document.documentElement.scrollHeight, document.title]"},
                          session=session)["result"]["value"]
+        value = None
+        if evaluate:
+            value = self.send("Runtime.evaluate", {"returnByValue": True, "expression": evaluate},
+                              session=session)["result"].get("value")
         shot_args = {"format": "png"}
         if full_page:   # the whole page at half scale (for looking at a report by eye)
             shot_args.update(captureBeyondViewport=True,
@@ -146,7 +151,8 @@ class Chromium:
         with self._lock:
             events = [e for e in self.events if e.get("sessionId") == session]
         self.send("Target.closeTarget", {"targetId": target})
-        return {"figures": figures, "size": size, "screenshot": base64.b64decode(shot), "events": events}
+        return {"figures": figures, "size": size, "screenshot": base64.b64decode(shot), "events": events,
+                "value": value}
 
     def close(self) -> None:
         try:
@@ -222,6 +228,7 @@ def reports(tmp_path_factory):
     partial = synthetic.write_scan(store, drop=("signal", "l2map", "barrier"), errors={"signal": "timeout"})
     bench = synthetic.write_bench(store, model="<script>alert(1)</script>")
     study = synthetic.write_study(store, n_trials=24)
+    sim_study = synthetic.write_study(store, n_trials=16, simulated=True, name="sim-study")
     from kog.probe.scan import bundled_scan_path
     from kog.runstore import open_run
     bundled = bundled_scan_path()
@@ -234,11 +241,13 @@ def reports(tmp_path_factory):
         "scan-partial": render_scan_report(partial, root / "partial.html"),
         "bench": render_bench_report(bench, root / "bench.html"),
         "study": render_study_report(study, root / "study.html"),
+        "study-sim": render_study_report(sim_study, root / "study-sim.html"),
         "compare": render_compare(scan, scan_b, root / "compare.html"),
     }
 
 
-@pytest.mark.parametrize("name", ["bundled", "bench-bundled", "scan", "scan-partial", "bench", "study", "compare"])
+@pytest.mark.parametrize("name", ["bundled", "bench-bundled", "scan", "scan-partial", "bench", "study", "study-sim",
+                                  "compare"])
 def test_report_in_chromium(browser, reports, name):
     path = reports[name]
     if path is None:
@@ -267,3 +276,57 @@ def test_blank_page_is_detected(browser, tmp_path):
     assert std < 0.02 or colours <= 20
     assert outside_requests(seen["events"], p.as_uri()) == ["http://127.0.0.1:9/x.png"]
     assert not all(f["complete"] and min(f["natural"]) > 0 for f in seen["figures"])
+
+
+# What a person sees of the new parts: laid out boxes with their text, read from the rendered page.
+CARD_JS = """(() => { const tiles = [...document.querySelectorAll('#card .tile')].map(t => {
+    const r = t.getBoundingClientRect();
+    return {label: t.querySelector('.tile-label').innerText, value: t.querySelector('.tile-value').innerText,
+            w: r.width, h: r.height, top: r.top + window.scrollY}; });
+  const first = document.querySelector('main section');
+  return {tiles, first: first && first.id, cardTop: tiles.length ? Math.min(...tiles.map(t => t.top)) : null,
+          viewport: window.innerHeight}; })()"""
+
+
+@pytest.mark.parametrize("name", ["scan", "bundled"])
+def test_scan_card_is_the_first_thing_seen(browser, reports, name):
+    path = reports[name]
+    if path is None:
+        pytest.skip("no bundled H200 scan in this checkout yet")
+    v = browser.open(path.resolve().as_uri(), evaluate=CARD_JS)["value"]
+    assert v["first"] == "card"
+    labels = [t["label"] for t in v["tiles"]]
+    assert labels == ["L2 partitions x SMs", "far-L2 penalty", "SMs to saturate HBM", "grid barrier, all CTAs",
+                      "flag one-way", "launch, GPU", "launch, host"]
+    assert all(t["w"] > 100 and t["h"] > 30 and t["value"].strip() for t in v["tiles"])
+    assert v["cardTop"] < v["viewport"]                         # above the fold, without scrolling
+    if name == "bundled":                                       # the old scan: what it lacks is said
+        values = {t["label"]: t["value"] for t in v["tiles"]}
+        assert values["launch, GPU"] == "not measured in this scan"
+        assert values["SMs to saturate HBM"].endswith("of 132")
+
+
+TABLE_JS = """(() => { const sec = id => document.getElementById(id);
+  const heads = id => [...sec(id).querySelectorAll('table.data thead th')].map(h => h.innerText.trim());
+  const cells = id => [...sec(id).querySelectorAll('table.data tbody td')].map(c => c.innerText);
+  const rowH = [...sec('top').querySelectorAll('table.data tbody tr')].map(r => r.getBoundingClientRect().height);
+  const banner = document.querySelector('.banner');
+  return {top: heads('top'), topCells: cells('top'), maxRow: Math.max(...rowH),
+          trials: sec('trials').querySelectorAll('table.data tbody tr').length,
+          defaultText: sec('default').innerText, banner: banner && banner.innerText,
+          bannerH: banner ? banner.getBoundingClientRect().height : 0}; })()"""
+
+
+@pytest.mark.parametrize("name", ["study", "study-sim"])
+def test_tuning_report_columns_banner_and_comparison(browser, reports, name):
+    v = browser.open(reports[name].resolve().as_uri(), evaluate=TABLE_JS)["value"]
+    for p in ("rows_per_task", "k_chunk", "warps", "weight_ring", "mapping"):
+        assert p in v["top"]                                    # parameters are columns
+    assert not any("{" in c for c in v["topCells"])             # no dicts in cells
+    assert v["maxRow"] < 60                                     # one line per trial, not a dict's height
+    assert v["trials"] == (24 if name == "study" else 16)       # every trial listed
+    assert "speed-up over the default" in v["defaultText"]
+    if name == "study-sim":
+        assert v["banner"].startswith("SIMULATED study") and v["bannerH"] > 10
+    else:
+        assert v["banner"] is None

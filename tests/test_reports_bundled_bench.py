@@ -53,6 +53,8 @@ def bundled_html(tmp_path_factory):
         os.chdir(old)
     out = d / "h200-bench-report.html"
     assert buf.getvalue().strip().splitlines()[-1] == str(out)     # the path, printed last
+    # the traces (tens of MB of JSON) stay in the run folder, gzipped: only the report lands here
+    assert sorted(p.name for p in d.iterdir()) == ["h200-bench-report.html"]
     return out, out.read_text()
 
 

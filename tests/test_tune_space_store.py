@@ -123,7 +123,8 @@ def test_builtin_table_gives_the_measured_tiling_for_its_device_and_shape_only(t
 
 def test_search_baseline_is_what_the_engine_runs_there():
     """The search's first trial (kog.tune.search.engine_default): on a ring-capable GPU kog's measured table
-    for that GPU and shape, else the sm_90 rule; off the GPU backend, EngineConfig()."""
+    for that GPU and shape, else the sm_90 rule, measured or simulated (the simulator models the engine as it
+    runs); elsewhere EngineConfig()."""
     from types import SimpleNamespace as NS
     from kog.engine.engine_config import sm90_default
     from kog.tune.search import engine_default
@@ -132,7 +133,8 @@ def test_search_baseline_is_what_the_engine_runs_there():
     assert engine_default("gpu", "NVIDIA H200", h200, sheared) == store.builtin_config("NVIDIA H200", sheared)
     assert engine_default("gpu", "NVIDIA H200", h200, llama) == sm90_default(llama)
     assert engine_default("gpu", "NVIDIA A100", NS(vendor="nvidia", arch="sm_80"), llama) == EngineConfig()
-    assert engine_default("sim", "NVIDIA H200", h200, sheared) == EngineConfig()
+    assert engine_default("sim", "NVIDIA H200", h200, sheared) == store.builtin_config("NVIDIA H200", sheared)
+    assert engine_default("sim", "AMD Instinct MI300X", NS(vendor="amd", arch="gfx942"), llama) == EngineConfig()
 
 
 def test_tuned_config_takes_the_store_then_the_builtin_table_then_the_platform_default(tmp_path, monkeypatch):

@@ -491,10 +491,16 @@ def render_report(path: Path) -> Path:
 
 
 def cli_bench(args) -> int:
+    """`kogtune bench`: --out OUT also writes the bench JSON to a file; --json prints it (only it) on stdout."""
     out, path = run_bench(args.model, args.tokens, args.prompt_tokens, args.repeats, args.systems,
-                          getattr(args, "runs_dir", None), args.json, argv=list(sys.argv))
+                          getattr(args, "runs_dir", None), getattr(args, "out", None), argv=list(sys.argv))
+    report = render_report(path)
+    if getattr(args, "json", False):
+        print(json.dumps({**out, "run": str(Path(path).resolve()), "report": str(report)}, indent=1,
+                         default=str))
+        return 0
     for line in _summary_lines(out):
         print(line)
     print(path)
-    print(render_report(path))     # last: the report a person opens
+    print(report)     # last: the report a person opens
     return 0

@@ -125,14 +125,14 @@ def cli_replay(args) -> int:
         raise UsageError("--seeds must be >= 1")
     res = replay(args.sweep, samplers, args.seeds)
     n = res["configs"]
-    if args.json:
-        print(json.dumps(res))
-    else:
-        if res.get("simulated"):
-            print(f"note: {args.sweep} is a SIMULATED sweep (backend sim), not a measurement")
-        for s in samplers:
-            r = res["samplers"][s]
-            print(f"{s}: evaluations to within 2% of best per seed {r['evaluations']}, median {r['median']:g}/{n}")
     k = res["samplers"][sampler]["median"]
+    if args.json:           # JSON only: `kogtune replay SWEEP --json | python -m json.tool`
+        print(json.dumps({**res, "sampler": sampler, "median_evaluations": k}))
+        return 0
+    if res.get("simulated"):
+        print(f"note: {args.sweep} is a SIMULATED sweep (backend sim), not a measurement")
+    for s in samplers:
+        r = res["samplers"][s]
+        print(f"{s}: evaluations to within 2% of best per seed {r['evaluations']}, median {r['median']:g}/{n}")
     print(f"median evaluations to within 2% of best: {k:g}/{n}")
     return 0

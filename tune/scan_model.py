@@ -148,7 +148,8 @@ def scan_from_dir(path: str | Path) -> ScanModel:
     fl = table("flag")
     if flag is None and fl is not None and len(fl):
         flag = float(fl["us"].median())
-    launch = summary.get("launch_us")
+    # the GPU's own launch latency where the scan measured it, else the host's (older scans: launch_us)
+    launch = next((summary[k] for k in ("launch_gpu_us", "launch_host_us", "launch_us") if summary.get(k)), None)
     la = table("launch")
     if isinstance(launch, dict):
         launch = launch.get("cooperative") or min(launch.values())

@@ -54,6 +54,22 @@ def default_storage(runs_dir: str | os.PathLike | None) -> str:
     return f"sqlite:///{(root / 'kog-studies.db').resolve()}"
 
 
+def absolute_storage(url: str) -> str:
+    """The storage URL with a relative sqlite path made absolute (against the current folder), so the same
+    study is found from wherever the search is resumed. Anything else is left for open_storage to judge."""
+    if url.startswith("sqlite:///"):
+        rest = url[len("sqlite:///"):]
+        if rest and rest != ":memory:" and not rest.startswith("/"):
+            return f"sqlite:///{Path(rest).expanduser().resolve()}"
+    return url
+
+
+def dashboard_command(url: str) -> str:
+    """The optuna-dashboard command that opens this storage (password hidden)."""
+    import shlex
+    return f"optuna-dashboard {shlex.quote(redact(url))}"
+
+
 def redact(url: str) -> str:
     try:
         from sqlalchemy.engine import make_url
@@ -161,13 +177,13 @@ class Setup:
     gpus: int = 1                                   # GPUs a trial may use (TP degrees above it are refused)
     tp_degrees: tuple[int, ...] = (1,)
     exchange_rows: tuple[int, ...] | None = None    # None: the space's default choices
+    ring: bool = False                              # the device (or the simulated one) runs the weight ring
 
     def space(self):
         """build_space(model, has_scan) with this search's TP choices."""
         import dataclasses
         from kog.tune.space import build_space
-        from kog.tune.space import ring_capable
-        sp = build_space(self.model, self.has_scan, ring=self.backend == "gpu" and ring_capable(self.device))
+        sp = build_space(self.model, self.has_scan, ring=self.ring)
         kw: dict[str, Any] = {"tp_degrees": tuple(self.tp_degrees)}
         if self.exchange_rows is not None:
             kw["exchange_rows"] = tuple(self.exchange_rows)
@@ -203,8 +219,27 @@ def prepare(args) -> Setup:
     suffix = "" if len(tp) == 1 else "-tp" + "-".join(map(str, tp)) + (
         "" if xr is None else "-x" + "-".join(map(str, xr)))
     study = args.study or f"kog-{_slug(name)}-{_slug(model.name)}" + ("-sim" if backend == "sim" else "") + suffix
-    storage = args.storage or default_storage(args.runs_dir)
-    return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage, gpus, tp, xr)
+    storage = absolute_storage(args.storage) if args.storage else default_storage(args.runs_dir)
+    from kog.tune.space import ring_capable
+    ring = ring_capable(dev if dev is not None else scan_device(scan_dir))
+    return Setup(args.model, model, name, dev, sms, backend, scan_path, has_scan, study, storage, gpus, tp, xr,
+                 ring)
+
+
+def scan_device(scan_dir):
+    """The DeviceInfo a scan run recorded (the simulated device of a --backend sim search); with no scan,
+    the H200 the simulator's synthetic scan stands for."""
+    from kog.probe.device import DeviceInfo
+    from kog.probe.device.fake import h200
+    if scan_dir is not None:
+        try:
+            from kog.runstore import open_run
+            dev = open_run(scan_dir).meta.get("device")
+            if isinstance(dev, dict) and dev.get("name"):
+                return DeviceInfo.from_dict(dev)
+        except Exception:  # noqa: BLE001 - an unreadable scan: the simulator's own default device
+            pass
+    return h200()
 
 
 def _tp_args(args, backend: str) -> tuple[tuple[int, ...], tuple[int, ...] | None, int]:
@@ -258,6 +293,7 @@ def open_study(s: Setup, storage, sampler, pruner):
                                         pruner=pruner, direction="maximize", load_if_exists=True)
         except optuna.exceptions.DuplicatedStudyError:
             study = optuna.load_study(study_name=s.study_name, storage=storage, sampler=sampler, pruner=pruner)
+    _set_metric_names(study, s.backend)
     want = study_attrs(s)
     have = study.user_attrs
     if have.get("model_shape") is None:
@@ -305,6 +341,20 @@ def _live_searchers(study) -> int:
     attrs = study._storage.get_study_system_attrs(study._study_id)
     return sum(1 for k, v in attrs.items() if k.startswith(SEARCHER_ATTR) and _searcher_may_live(
         k[len(SEARCHER_ATTR):], (v or {}).get("start") if isinstance(v, dict) else None))
+
+
+METRIC = "tok/s"
+
+
+def _set_metric_names(study, backend: str) -> None:
+    """Name the objective on the study, so Optuna's plots and optuna-dashboard label it (tok/s, or
+    simulated tok/s for a --backend sim study)."""
+    name = METRIC if backend == "gpu" else f"{METRIC} (simulated)"
+    try:
+        if study.metric_names != [name]:
+            study.set_metric_names([name])
+    except Exception:       # an Optuna without metric names: the plots say "Objective Value"
+        pass
 
 
 def fail_dead_local_trials(study) -> int:
@@ -761,15 +811,23 @@ def precompile(model_spec: str, configs, processes: int | None = None, timeout: 
 
 def engine_default(backend: str, device_name: str, device, model):
     """What the engine runs on this device when no tuned config is stored (the search's baseline trial):
-    on a GPU with the weight ring, kog's own measured config for this GPU and shape
-    (kog.tune.store.builtin_config), else the sm_90 rule (engine_config.sm90_default); elsewhere
-    EngineConfig()."""
+    on a device with the weight ring (measured, or simulated: the simulator models the engine as it runs),
+    kog's own measured config for this GPU and shape (kog.tune.store.builtin_config), else the sm_90 rule
+    (engine_config.sm90_default); elsewhere EngineConfig()."""
     from kog.engine.engine_config import EngineConfig, sm90_default
     from kog.tune.space import ring_capable
     from kog.tune.store import builtin_config
-    if backend == "gpu" and ring_capable(device):
+    if ring_capable(device):
         return builtin_config(device_name, model) or sm90_default(model)
     return EngineConfig()
+
+
+def _is_default(s: Setup, params: dict[str, Any]) -> bool:
+    """Whether `params` are the engine default's (initial_design puts it first when it is valid)."""
+    from kog.tune.store import RETIRED_FIELDS
+    d = engine_default(s.backend, s.device_name, s.device if s.device is not None else (
+        scan_device(s.scan_path) if s.ring else None), s.model).to_dict()
+    return all(d.get(k) == v for k, v in params.items() if k in d and k not in ("wait_timeout_s", *RETIRED_FIELDS))
 
 
 def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -782,7 +840,8 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     maxc = residency_fn(s.backend)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
-    d = engine_default(s.backend, s.device_name, s.device, s.model)
+    d = engine_default(s.backend, s.device_name, s.device if s.device is not None else (
+        scan_device(s.scan_path) if s.ring else None), s.model)
     try:
         check(d, s.model, s.sms, maxc)
         p = {k: v for k, v in d.to_dict().items() if k not in ("wait_timeout_s", *RETIRED_FIELDS)}
@@ -842,9 +901,17 @@ def cli_search(args) -> int:
     revived = fail_dead_local_trials(study)
     before = finished_count(study)
     if before == 0 and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        design = initial_design(s, min(args.trials, 8), seed or 0)
+        design, default = initial_design(s, min(args.trials, 8), seed or 0), None
         for p in design:
-            study.enqueue_trial(p, skip_if_exists=True)
+            # the engine default (queued first) is tagged: the report sets the best trial against it
+            tag = {"baseline": "engine default"} if p is design[0] and _is_default(s, p) else None
+            study.enqueue_trial(p, user_attrs=tag, skip_if_exists=True)
+            default = default or (p if tag else None)
+        if default is not None:
+            study.set_user_attr("engine_default", default)
+    if s.backend == "sim" and "simulator_error" not in study.user_attrs:
+        from kog.tune.simulator import error_summary
+        study.set_user_attr("simulator_error", error_summary())
     gpu_env = s.backend == "gpu" and args.workers > 1
     target = getattr(args, "target", None)
     extra = getattr(args, "payload_extra", None)
@@ -856,6 +923,9 @@ def cli_search(args) -> int:
     ctarget = getattr(args, "compile_target", None)
     deadline = getattr(args, "deadline", None)      # a Deadline or time.time() value: no trial starts after
     console_err = _console()
+    console_err.print(f"study {s.study_name} in {redact(s.storage_url)}"
+                      + (" [bold](SIMULATED: --backend sim)[/bold]" if s.backend == "sim" else ""),
+                      highlight=False, soft_wrap=True)
     t0 = time.time()
     procs: list = []
     try:
@@ -1007,7 +1077,7 @@ def _finish(s: Setup, args, study, wall: float, revived: int, interrupted: BaseE
     from kog.tune import store
     summ = summarize(study)
     summ.update({"storage": redact(s.storage_url), "wall_s": round(wall, 2), "revived_dead_trials": revived,
-                 "backend": s.backend, "sampler": args.sampler})
+                 "backend": s.backend, "sampler": args.sampler, "dashboard": dashboard_command(s.storage_url)})
     if interrupted is not None:
         summ["interrupted"] = _why(interrupted)
     stored = False
@@ -1031,8 +1101,9 @@ def _finish(s: Setup, args, study, wall: float, revived: int, interrupted: BaseE
     with RunStore(args.runs_dir).create("study", dev, extra={"study": s.study_name,
                                                              "storage": redact(s.storage_url)}) as run:
         try:
-            df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs",
-                                               "datetime_start", "datetime_complete"))
+            from kog.reports.tuning import trials_frame
+            df = trials_frame(study, ("number", "value", "state", "params", "user_attrs", "datetime_start",
+                                      "datetime_complete"))
             for c in df.columns:
                 if df[c].dtype == object:
                     df[c] = df[c].map(lambda v: v if v is None or isinstance(v, (str, int, float)) else
@@ -1074,6 +1145,7 @@ def _finish(s: Setup, args, study, wall: float, revived: int, interrupted: BaseE
                 print((f"stored{' (the best single-GPU config)' if 'best_tp' in summ else ''} in {summ['store']}")
                       if stored else "not stored: an equal or better config is stored")
         print(f"run: {summ['run']}")
+        print(f"browse it: {summ['dashboard']}")
         if report_path:
             print(str(report_path))
     return 0 if summ["best"] is not None else 1

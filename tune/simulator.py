@@ -22,6 +22,7 @@ measured: other shapes and GPUs are extrapolation. Against real trials of a stud
 """
 from __future__ import annotations
 
+import ast
 import json
 import math
 from dataclasses import dataclass, asdict
@@ -214,11 +215,17 @@ ENGINE_TABLE = Path(__file__).resolve().parent / "data" / "h200-engine-measureme
 # and whether the breakdown's "other" is trustworthy. Reconstructed from git history (engine_config.py) and
 # docs/engine-notes.md; the commit is the checkout the device ran (its tree, not a clean HEAD).
 _OLD_DEFAULTS = dict(mode="targeted", ctas_per_sm=4, num_warps=4, block_k=2048, bn_qkv=4, bn_o=4, bn_gate_up=4,
-                     bn_down=4, bn_lm=8, sync_rows=0, prefetch=2, mapping="round-robin", attn_block=64)
+                     bn_down=4, bn_lm=8, sync_rows=0, prefetch=2, mapping="round-robin", attn_block=64,
+                     weight_ring=0, attn_tile=0)
 _SPLIT_DEFAULTS = dict(_OLD_DEFAULTS, ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_down=8, bn_lm=8, sync_rows=8192,
                        prefetch=0)
 _NEW_DEFAULTS = dict(_SPLIT_DEFAULTS, bn_gate_up=8)
 _SYNC4K_DEFAULTS = dict(_NEW_DEFAULTS, sync_rows=4096, attn_block=32)
+# the engine as it runs by default on sm_90 (engine_config.sm90_default; for sheared-llama-2.7b kog's measured
+# config, tune/data/builtin_tuned.json): the weight ring
+_RING_LLAMA_DEFAULTS = dict(_SYNC4K_DEFAULTS, weight_ring=3, attn_block=64, bn_gate_up=4)
+_RING_SHEARED_DEFAULTS = dict(_SYNC4K_DEFAULTS, weight_ring=3, attn_block=64, attn_tile=32, block_k=4096, bn_qkv=4,
+                              bn_o=4, bn_gate_up=2, bn_down=2, bn_lm=4)
 _SOURCES = [
     # (file, git revision of the file (None = working tree), engine commit, version note, defaults,
     #  attention split, new tokens per run, breakdown 'other' valid)
@@ -239,11 +246,23 @@ _SOURCES = [
      "acquire polls, weight tiles loaded evict_first", _NEW_DEFAULTS, True, 512, True),
     ("bench/h200/llama-3.2-1b.json", "857433a", "099da93",
      "sync_rows 4096, attn_block 32 (current defaults)", _SYNC4K_DEFAULTS, True, 512, True),
-    # not here: the benches with the weight ring (a484c6b, a713f4c: platform_default on sm_90). The cost
-    # model has no ring term, so it predicts a ring config like the same config without it.
     ("bench/h200/engine_check_attn_sync_2026-11-29.json", None, "e913ee4",
      "attention block / wait granularity sweep", _NEW_DEFAULTS, True, 256, True),
+    # the weight ring, the default path on sm_90 (the engine as it runs now). Not here: the ring benches of the
+    # engine versions before it settled (a484c6b, a713f4c, the docs/lab ring checks: a row prefetch since folded
+    # into the ring, other chunk shapes)
+    ("bench/h200/llama-3.2-1b.json", None, "33417d0",
+     "weight ring (3 slots), attention splits of 64, gate_up in 4-row tiles: the engine as it runs",
+     _RING_LLAMA_DEFAULTS, True, 512, True),
+    ("bench/h200/sheared-llama-2.7b.json", None, "f347ae3",
+     "weight ring, kog's measured sheared-llama-2.7b config", _RING_SHEARED_DEFAULTS, True, 512, True),
+    ("bench/h200/engine_check_attn_tile_2026-12-01.json", None, "6658203",
+     "weight ring: attention split and tile sweep", _RING_SHEARED_DEFAULTS, True, 256, True, "sheared-llama-2.7b"),
 ]
+# sweep keys that name a knob of an engine version the current one does not have (the row is skipped), and
+# retired knobs folded into the ring (ignored)
+_FOREIGN_KEYS = ("blocked_prefetch", "_SMS_CAP")
+_FOLDED_KEYS = ("row_prefetch",)
 _CFG_FIELDS = tuple(_OLD_DEFAULTS)
 _PHASES_BD = ("qkv", "attn", "o", "gate_up", "down", "lm")
 
@@ -254,6 +273,9 @@ def _parse_key(key: str) -> dict[str, Any]:
         k, v = part.split("=", 1)
         out[k] = v if k in ("mode", "mapping") else int(v)
     return out
+
+
+
 
 
 def _bd_columns(bd: dict[str, Any] | None, other_valid: bool, traced_spt: float | None) -> dict[str, Any]:
@@ -296,7 +318,7 @@ def extract_engine_measurements(root: str | Path):
     import pandas as pd
     root = Path(root)
     rows: list[dict[str, Any]] = []
-    for rel, rev, commit, note, defaults, split, new_tokens, other_ok in _SOURCES:
+    for rel, rev, commit, note, defaults, split, new_tokens, other_ok, *sweep_model in _SOURCES:
         d = _read_source(root, rel, rev)
         if d is None:
             continue
@@ -319,21 +341,25 @@ def extract_engine_measurements(root: str | Path):
                 if "tok_s" not in v:
                     continue
                 if "config" in v:
-                    over = dict(v["config"])
+                    c = v["config"]
+                    over = dict(ast.literal_eval(c) if isinstance(c, str) else c)
                 elif section == "llama1b_perf":
                     over = {"mode": key}
                 else:
                     over = _parse_key(key)
-                cfg = dict(defaults, **over)
+                if any(k in over for k in _FOREIGN_KEYS):
+                    continue
+                cfg = dict(defaults, **{k: x for k, x in over.items() if k not in _FOLDED_KEYS})
                 bd = v.get("breakdown")
-                rows.append(dict(base, label=f"{section}:{key}", model="llama-3.2-1b", **cfg, new_tokens=new_tokens,
+                rows.append(dict(base, label=f"{section}:{key}", model=(sweep_model or ["llama-3.2-1b"])[0], **cfg,
+                                 new_tokens=new_tokens,
                                  tok_s=float(max(v["runs"])), tok_s_recorded=float(v["tok_s"]),
                                  runs=json.dumps(v["runs"]), regs=float(v.get("regs", "nan")),
                                  spills=float(v.get("spills", "nan")),
                                  **_bd_columns(bd, other_ok, (bd or {}).get("seconds_per_token"))))
     df = pd.DataFrame(rows)
     for f in ("ctas_per_sm", "num_warps", "block_k", "bn_qkv", "bn_o", "bn_gate_up", "bn_down", "bn_lm",
-              "sync_rows", "prefetch", "attn_block", "new_tokens"):
+              "sync_rows", "prefetch", "attn_block", "weight_ring", "attn_tile", "new_tokens"):
         df[f] = df[f].astype("int64")
     return df
 
@@ -363,13 +389,19 @@ class EngineParams:
     poll_us: float = 0.05        # per counter a task checks (targeted mode)
     wait_chunk_us: float = 0.1   # targeted mode, per weight chunk: the wait check between its load and its use
     token_us: float = 20.0       # per token: argmax hand-off, embedding row, token flag
+    ring_hide: float = 1.0       # weight ring: each slot past the first hides this share of a chunk's load latency
+    ring_chunk_us: float = 0.1   # weight ring, per chunk: the slot's mbarrier wait and the next bulk copy's issue
+    ring_fixed: float = 1.0      # weight ring: its per-task and per-layer fixed costs (task_us, chain_us, token_us)
+                                 # as a share of the register path's: task rows come through shared memory
 
 
-# Fitted by fit_engine_params() to the engine rows (ENGINE_TABLE) plus the measured sweep (SWEEP_TABLE); refit
-# with `python -m kog.tune.simulator --fit-engine`. Its errors: docs/simulator.md.
-ENGINE_FITTED = EngineParams(lat_us=0.7109, lat_pf_us=0.4662, warp_gbps=5.317, sm_gbps=35.36, bw_frac=1.0,
-                             task_us=0.341, spill_us=1.205, spill_pow=2.131, pf_us=0.4808, pf_kb_us=0.009275,
-                             chain_us=7.407, refill_us=0.1086, poll_us=0.3193, wait_chunk_us=0.07187, token_us=42.24)
+# Fitted by fit_engine_params() to the engine rows (ENGINE_TABLE, the weight-ring rows of the current engine
+# among them) plus the measured sweep (SWEEP_TABLE); refit with `python -m kog.tune.simulator --fit-engine`.
+# Its errors: docs/simulator.md, error_summary().
+ENGINE_FITTED = EngineParams(lat_us=0.7474, lat_pf_us=0.4996, warp_gbps=7.912, sm_gbps=36.25, bw_frac=1.0,
+                             task_us=0.2106, spill_us=1.18, spill_pow=2.167, pf_us=0.3083, pf_kb_us=0.0178,
+                             chain_us=8.887, refill_us=0.1633, poll_us=0.1977, wait_chunk_us=0.1019, token_us=50.74,
+                             ring_hide=7.961, ring_chunk_us=0.01329, ring_fixed=0.701)
 
 MIN_REGS = 96            # ASSUMED: below this register cap the kernel is taken as not runnable (never measured < 128)
 # Register demand of the compiled kernel = REG_BASE + the largest weight chunk held per thread (w), in targeted
@@ -397,6 +429,8 @@ def _phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int,
     gate_up streams its gate and up tiles together with half the K chunk (kernel.py BK_GU = BK // 2): the
     same registers as one tile, twice the chunks."""
     H, I = model.hidden_size, model.intermediate_size
+    if cfg.weight_ring:
+        return _ring_phase_shapes(model, cfg)
     bk = cfg.block_k
     bk_gu = bk // 2 if bk >= 128 else bk
     return [("qkv", model.qkv_size // cfg.bn_qkv, H, cfg.bn_qkv, bk),
@@ -406,11 +440,30 @@ def _phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int,
             ("lm", model.vocab_size // cfg.bn_lm, H, cfg.bn_lm, bk)]
 
 
+def _ring_phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int, int, int, int]]:
+    """_phase_shapes with the weight ring: a chunk fills one slot, so a phase with fewer rows reads wider
+    chunks (kog.engine.ring.chunk_shape; gate_up's rows are its gate and up rows)."""
+    from kog.engine.layout import T_DOWN, T_GU, T_LM, T_O, T_QKV
+    from kog.engine.ring import chunk_shape, phase_bn
+    bn = phase_bn(cfg)
+    rows_of = {"qkv": model.qkv_size, "o": model.hidden_size, "gate_up": model.intermediate_size,
+               "down": model.hidden_size, "lm": model.vocab_size}
+    out = []
+    for name, typ in (("qkv", T_QKV), ("o", T_O), ("gate_up", T_GU), ("down", T_DOWN), ("lm", T_LM)):
+        K, bkc, rows = chunk_shape(typ, H=model.hidden_size, I=model.intermediate_size, QS=model.q_size,
+                                   block_k=cfg.block_k, bn=bn)
+        out.append((name, rows_of[name] // bn[typ], K, rows, bkc))
+    return out
+
+
 def estimate_spills(model: ModelConfig, cfg: EngineConfig) -> tuple[int, float]:
     """(registers, spills) the compiled kernel is expected to have: demand = REG_BASE + the largest weight chunk
     held per thread (bf16 pairs in 32-bit registers) (+ the targeted wait's share); the shortfall spills. A crude
     estimate (the kernel is one function: its worst phase decides); the GPU backend has the compiler's real
-    numbers and engine/regreport.py reproduces them without a GPU."""
+    numbers and engine/regreport.py reproduces them without a GPU. With the weight ring the weight chunk
+    sits in shared memory, not registers: no spills (the ring configs measured 0)."""
+    if cfg.weight_ring:
+        return min(register_cap(cfg), REG_BASE), 0.0
     es = DTYPE_BYTES.get(model.dtype, 2)
     threads = 32 * cfg.num_warps
     w = max(rows * min(bk, K) * es / 4 / threads for _, _, K, rows, bk in _phase_shapes(model, cfg))
@@ -426,6 +479,14 @@ def engine_max_ctas_per_sm(cfg: EngineConfig) -> int:
         if c * 32 * cfg.num_warps <= MAX_THREADS_PER_SM and register_cap(cfg, c) >= MIN_REGS:
             best = c
     return best
+
+
+def _ring_fixed_costs(p: EngineParams) -> EngineParams:
+    """The fixed costs of the ring path: ring_fixed x the register path's per-task, per-layer chain and
+    per-token costs."""
+    import dataclasses
+    f = p.ring_fixed
+    return dataclasses.replace(p, task_us=p.task_us * f, chain_us=p.chain_us * f, token_us=p.token_us * f)
 
 
 def _softmax(a: float, b: float, q: float = SOFTMAX_Q) -> float:
@@ -464,11 +525,17 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
                           f"too many blocks in cooperative launch (simulated residency: {fit} CTAs/SM fit)")
     if spills is None or not np.isfinite(spills):
         spills = estimate_spills(model, cfg)[1]
+    if cfg.weight_ring:
+        p = _ring_fixed_costs(p)
     L = model.num_layers
     G = scan.sms * cfg.ctas_per_sm
     cta_rate = min(p.warp_gbps * cfg.num_warps, p.sm_gbps / cfg.ctas_per_sm) * 1e3   # bytes/us one CTA drains
     bw = p.bw_frac * scan.bandwidth_gbps(scan.sms) * 1e3   # bytes/us the chip streams
     lat = p.lat_pf_us if l2_prefetch > 0 else p.lat_us      # a prefetched tile is in L2 when its task runs
+    if cfg.weight_ring:
+        # the ring keeps weight_ring chunks requested ahead (across tasks, phases and layers): each slot past
+        # the first hides ring_hide of a chunk's load latency; every chunk waits on its slot's mbarrier
+        lat = lat / (1.0 + p.ring_hide * (cfg.weight_ring - 1)) + p.ring_chunk_us
     per_chunk = lat + p.spill_us * (spills / 100.0) ** p.spill_pow
     counter_rows = cfg.sync_rows or cfg.block_k
     targeted = cfg.mode != "grid"
@@ -534,7 +601,7 @@ def predict_engine(model: ModelConfig, cfg: EngineConfig, scan: ScanModel | None
 
 # ---- engine calibration --------------------------------------------------------------------------
 _ENGINE_FREE = ("lat_us", "lat_pf_us", "warp_gbps", "sm_gbps", "bw_frac", "task_us", "spill_us", "spill_pow", "pf_us", "pf_kb_us",
-                "chain_us", "refill_us", "poll_us", "wait_chunk_us", "token_us")
+                "chain_us", "refill_us", "poll_us", "wait_chunk_us", "token_us", "ring_hide", "ring_chunk_us", "ring_fixed")
 _BD_PARTS = ("streaming", "waiting", "barrier", "other")
 BD_WEIGHT = 0.3          # ASSUMED: weight of the breakdown terms against the tok/s term in the fit loss
 
@@ -743,6 +810,26 @@ def sweep_calibration_error(params: EngineParams | None = None, scan: ScanModel 
                 pred[i] = _row_predict(rows[i], scan, fp).tok_per_s
         out["cv"] = dict(_sweep_summary(meas, pred), folds=cv, seed=seed)
     return out
+
+
+def error_summary(params: EngineParams | None = None, scan: ScanModel | None = None) -> dict[str, Any]:
+    """The engine model's error in one line for a report: median / max |relative error| of tok/s over every
+    measured row it was fitted to (the engine rows, the weight-ring rows among them, and the measured sweep),
+    in-sample with `params` (default ENGINE_FITTED)."""
+    scan = scan or calibration_scan()
+    eng = engine_errors(params, scan)
+    errs = list(eng["err_pct"].abs())
+    ring = eng[eng["weight_ring"] > 0]["err_pct"].abs() if "weight_ring" in eng else eng.iloc[0:0]["err_pct"]
+    sw = sweep_errors(params, scan)
+    if sw is not None:
+        errs += list(sw["err_pct"].abs())
+    e = np.asarray(errs, float)
+    return {"rows": int(e.size), "median_abs_pct": round(float(np.median(e)), 2),
+            "max_abs_pct": round(float(e.max()), 1),
+            "ring_rows": int(len(ring)), "ring_median_abs_pct": round(float(ring.median()), 2) if len(ring) else None,
+            "ring_max_abs_pct": round(float(ring.max()), 1) if len(ring) else None,
+            "against": f"{len(eng)} engine configs ({len(ring)} with the weight ring) and "
+                       f"{0 if sw is None else len(sw)} sweep configs measured on the H200, in-sample"}
 
 
 CV_ITERS = 1500          # refit iterations per fold, started from the full fit

@@ -189,7 +189,6 @@ def cli_show(args) -> int:
     if not es:
         print(f"no tuned configs stored ({store_path()}); run `kogtune search`")
         return 0
-    from rich.console import Console
     from rich.table import Table
     t = Table(title=f"tuned configs ({store_path()})")
     for c in ("device", "model", "dtype", "kog", "tok/s", "backend", "config"):
@@ -198,7 +197,9 @@ def cli_show(args) -> int:
         t.add_row(e.get("device", "?"), f"{e.get('model')} ({e.get('shape')})", e.get("dtype", "?"),
                   e.get("kog_version", "?"), f"{e.get('tok_per_s', 0):.1f}", e.get("source", {}).get("backend", "?"),
                   _short(e.get("config", {})))
-    con = Console(width=200)
+    import sys
+    from kog.clitools import stdout_console
+    con = stdout_console(**({"width": 200} if sys.stdout.isatty() else {}))   # a pipe gets whole rows
     con.print(t)
     for e in es:
         tb = e.get("source", {}).get("tp_best")

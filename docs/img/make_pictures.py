@@ -32,7 +32,7 @@ def tuning_study(tmp: Path) -> Path:
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from kog.reports.runstore import RunStore
+    from kog.runstore import RunStore
     from kog.reports.synthetic import h200_device
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -53,6 +53,8 @@ def tuning_study(tmp: Path) -> Path:
             params = {c[7:]: r[c] for c in pcols if r[c] == r[c]}
             attrs = {c[11:]: v for c, v in r.items() if c.startswith("user_attrs_") and v is not None
                      and not (isinstance(v, float) and math.isnan(v))}
+            if int(r["number"]) == 0:      # kogtune search queues the engine's default config first
+                attrs["baseline"] = "engine default"
             state = TrialState[r["state"]]
             st.add_trial(create_trial(state=state, value=r["value"] if state == TrialState.COMPLETE else None,
                                       params=params, distributions={k: dists[k] for k in params},

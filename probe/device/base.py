@@ -24,7 +24,7 @@ class DeviceInfo:
     `sms` counts streaming multiprocessors on NVIDIA and compute units on AMD. `dies` is the number of
     compute dies that share nothing below HBM (1 on H200; 8 XCDs on MI300X); `sms_per_die` the SMs/CUs
     each holds. `dispatch` names how the hardware hands consecutive workgroups to dies
-    ("round-robin-xcd" on MI300X, "gpc-fill" on NVIDIA: see kog.probe.probes.placement for the measured map).
+    ("round-robin-xcd" on MI300X, "breadth-first" on NVIDIA, as kog.probe.probes.placement names what it measures).
     """
 
     vendor: str                      # "nvidia" | "amd" (fakes keep their vendor; see is_fake)

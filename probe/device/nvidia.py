@@ -151,7 +151,7 @@ def inventory(index: int = 0) -> DeviceInfo:
     uuid = getattr(p, "uuid", None)
     info = DeviceInfo(
         vendor="nvidia", index=index, name=str(p.name), arch=f"sm_{p.major}{p.minor}", sms=sms,
-        dies=1, sms_per_die=sms, dispatch="gpc-fill",
+        dies=1, sms_per_die=sms, dispatch="breadth-first",
         l2_bytes=int(getattr(p, "L2_cache_size", 0) or 0) or None,
         mem_bytes=int(p.total_memory),
         runtime=f"cuda {torch.version.cuda}" if torch.version.cuda else None,

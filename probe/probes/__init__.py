@@ -13,7 +13,7 @@ Tables (the names and columns the reports render; keep them):
     barrier         [ctas:int, warps:int, us:float]                   sync.py
     flag            [kind:str, us:float]                              sync.py      (pingpong_oneway, poll_acquire)
     atomics         [ctas:int, mops_per_s:float]                      sync.py
-    launch          [mode:str, us:float]                              sync.py      (plain, plain_sync, graph)
+    launch          [mode:str, us:float]                              sync.py      (plain, plain_sync, graph, gpu_queued)
     bandwidth       [sms:int, kind:str, GBps:float]                   bandwidth.py (read, copy)
     xcd_latency     [src_xcd:int, dst_xcd:int, level:str, ns:float]   l2map_amd.py (AMD only; level: l1,
                                                                                    l2, mall, hbm, cross)

@@ -1,12 +1,13 @@
 """Sync costs: atomic grid barrier vs CTAs and warps, flag wait latency, contended atomic throughput,
-kernel launch overhead (plain Triton launch vs CUDA graph replay).
+kernel launch cost: on the host (a Triton launch from Python: "plain", and "plain_sync" with the wait) and
+on the GPU (CUDA-event timed empty launches queued behind a sleep: "gpu_queued"; CUDA graph replay: "graph").
 
 Every spin is bounded (SPIN_CAP polls); a barrier that times out writes an error record and the host
 raises ProbeTimeout naming it. Grids never exceed co-residency: at most 2 CTAs of <= 4 warps per SM, and
 the spinning kernels are launched cooperatively (the launch fails instead of deadlocking).
 
 Tables `barrier` [ctas:int, warps:int, us:float], `flag` [kind:str, us:float],
-`atomics` [ctas:int, mops_per_s:float], `launch` [mode:str, us:float].
+`atomics` [ctas:int, mops_per_s:float], `launch` [mode:str, us:float] (plain, plain_sync, graph, gpu_queued).
 """
 from __future__ import annotations
 
@@ -83,6 +84,25 @@ def _per_iter_us(run, n1: int, n2: int, reps: int) -> float:
     t1 = cuda_time_ms(lambda: run(n1), reps, 1)
     t2 = cuda_time_ms(lambda: run(n2), reps, 1)
     return (t2 - t1) * 1e3 / (n2 - n1)
+
+
+def gpu_launch_us(launch, n: int, sleep_cycles: int = 50_000_000) -> float:
+    """The GPU's own launch latency: `n` empty launches queued behind a sleeping kernel (so the host has
+    enqueued them all before the GPU reaches them) and timed by CUDA events from the end of the sleep to
+    the end of the last one; per launch, in us. The host's launch cost (a Triton launch from Python, ~15 us)
+    is hidden behind the sleep: this is what the GPU spends per kernel, back to back."""
+    import torch
+    for _ in range(3):
+        launch()
+    torch.cuda.synchronize()
+    e1, e2 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(sleep_cycles)
+    e1.record()
+    for _ in range(n):
+        launch()
+    e2.record()
+    torch.cuda.synchronize()
+    return e1.elapsed_time(e2) * 1e3 / n
 
 
 def measure(ctx: ProbeContext) -> dict[str, pd.DataFrame]:
@@ -170,8 +190,9 @@ def measure(ctx: ProbeContext) -> dict[str, pd.DataFrame]:
         for _ in range(k):
             noop_kernel[(1,)](x)
     graph_ms = cuda_time_ms(g.replay, reps=10, warm=2)
+    gpu = gpu_launch_us(lambda: noop_kernel[(1,)](x), 100 if q else 400)
     launch = pd.DataFrame([{"mode": "plain", "us": plain}, {"mode": "plain_sync", "us": lat[len(lat) // 2]},
-                           {"mode": "graph", "us": graph_ms * 1e3 / k}])
+                           {"mode": "graph", "us": graph_ms * 1e3 / k}, {"mode": "gpu_queued", "us": gpu}])
     ctx.extras["sync"] = {"barrier_iters": [n1, n2], "atomic_adds_per_cta": per, "graph_kernels": k}
     return {"barrier": barrier, "flag": flags, "atomics": atomics,
             "launch": launch.astype({"mode": str, "us": float})}

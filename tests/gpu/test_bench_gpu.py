@@ -31,7 +31,7 @@ def _bench(tmp_path, model, systems, tokens, prompt_tokens=8, repeats=2):
     out = tmp_path / f"{model}.json"
     p = subprocess.run([sys.executable, "-m", "kog.tune.cli", "bench", "--model", model, "--tokens", str(tokens),
                         "--prompt-tokens", str(prompt_tokens), "--repeats", str(repeats), "--systems", systems,
-                        "--json", str(out), "--runs-dir", str(tmp_path / "runs")],
+                        "--out", str(out), "--runs-dir", str(tmp_path / "runs")],
                        capture_output=True, text=True, env=_env(), timeout=480)
     assert p.returncode == 0, p.stderr[-3000:]
     *_, run_dir, report = p.stdout.strip().splitlines()  # the run path, then (last) its report

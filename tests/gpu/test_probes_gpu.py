@@ -91,3 +91,26 @@ def test_read_kernel_sums_correctly():
     s = bandwidth.read_sum(x, 7)
     assert torch.allclose(s.sum(), x.sum(), rtol=1e-4)
     """)
+
+
+def test_bandwidth_reaches_the_copy_peak():
+    # the issue's bar: the probe's read peak within 5% of a device-to-device copy measured in the same run
+    on_gpu("""
+    from kog.probe.probes import bandwidth
+    c = ProbeContext(sms=ctx.sms, l2_bytes=ctx.l2_bytes, quick=False)
+    df = bandwidth.measure(c)["bandwidth"]
+    ps = bandwidth.peak_summary(df, c.extras["bandwidth"]["torch_copy_GBps"])
+    print(ps)
+    assert ps["read_over_torch_copy"] >= 0.95, ps
+    assert ps["sms_to_saturate_hbm"] is not None and ps["sms_to_saturate_hbm"] <= ctx.sms, ps
+    """, timeout=300)
+
+
+def test_launch_host_and_gpu_are_two_figures():
+    on_gpu("""
+    from kog.probe.probes import sync
+    la = sync.measure(ctx)["launch"].set_index("mode")["us"]
+    print(la.to_dict())
+    assert {"plain", "plain_sync", "graph", "gpu_queued"} <= set(la.index)
+    assert 0.3 < la["gpu_queued"] < 10 and la["gpu_queued"] < la["plain"], la.to_dict()
+    """, timeout=300)
