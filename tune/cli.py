@@ -57,15 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--runs-dir", default=None)
 
     g = sub.add_parser("generate", help="generate text with the monokernel",
-                       description="Prefill a prompt, then decode with the monokernel (tokens stream as they "
-                                   "come). --model takes a preset (random weights) or an HF checkpoint directory.")
-    g.add_argument("--model", required=True, help="preset name or HF checkpoint directory")
+                       description="Prefill a prompt, then decode with the monokernel (kog.Engine), tokens "
+                                   "streamed as the kernel produces them. --model takes a preset (random "
+                                   "weights), an HF checkpoint directory or a Hub id in the local HF cache.")
+    g.add_argument("--model", required=True, help="preset name, HF checkpoint directory or cached Hub id")
     g.add_argument("--prompt", default="The quick brown fox")
     g.add_argument("--tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one, printed)")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when the output contains TEXT (repeatable); the checkpoint's EOS always stops")
+    g.add_argument("--stop-id", action="append", type=int, default=[], metavar="ID",
+                   help="stop at token id ID (repeatable; with the EOS ids at most 8)")
+    g.add_argument("--max-seq", type=int, default=None,
+                   help="KV cache positions (default: the model's context, at most 4096)")
     g.add_argument("--mode", choices=["targeted", "grid", "reference"], default="targeted")
     g.add_argument("--json", action="store_true")
 
