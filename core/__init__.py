@@ -4,7 +4,7 @@ and their reports (kog.reports).
 This package itself is the core every part builds on: the errors every command turns into one line and an
 exit code (kog.errors), the run store every part writes through (kog.runstore) and what a run records of the
 code and environment that made it (kog.provenance). It imports no subpackage, so `import kog.probe` stays
-light.
+light: kog.Engine (kog.engine.api, the decode engine's Python API) is imported on first use.
 """
 
 
@@ -16,4 +16,8 @@ def __getattr__(name: str):
             return version("kog")
         except Exception:  # running from a source tree that is not installed
             return "0+unknown"
+    if name == "Engine":
+        # lazy: the engine needs torch and Triton, which `import kog` must not load
+        from kog.engine.api import Engine
+        return Engine
     raise AttributeError(f"module 'kog' has no attribute {name!r}")

@@ -9,10 +9,17 @@ Numerics follow Hugging Face transformers: matmuls in the model dtype; RMSNorm i
 weight multiply; RoPE tables computed in float32 and cast to the model dtype (rotate_half convention, Llama 3
 frequency scaling as HF `_compute_llama3_parameters`); attention scores softmaxed in float32; GQA with kv head
 j serving query heads j*g .. j*g+g-1; Qwen2 q/k/v biases; Qwen3 per-head q/k RMSNorm before RoPE.
+
+Sampling on the host (sample_next, Reference.stream) follows the rules the monokernel implements in-kernel:
+temperature <= 0 is greedy; otherwise logits / temperature, then top-k (keep the k largest; 0 = off), then
+top-p (keep the smallest prefix of the sorted distribution whose mass reaches p, always at least one token),
+then one draw from a torch.Generator seeded with `seed`, so the same seed gives the same tokens.
 """
 from __future__ import annotations
 
 import math
+import time
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +73,26 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     if b is not None and b.dtype != x.dtype:
         b = b.to(x.dtype)
     return F.linear(x, w, b)
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> int:
+    """One token id from logits [V] under greedy / temperature / top-k / top-p rules (module docstring)."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    lg = logits.float() / temperature
+    if top_k and 0 < top_k < lg.numel():
+        kth = torch.topk(lg, top_k).values[-1]
+        lg = lg.masked_fill(lg < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_lg, idx = torch.sort(lg, descending=True)
+        probs = torch.softmax(sorted_lg, -1)
+        mass_before = torch.cumsum(probs, -1) - probs          # mass of the strictly better tokens
+        drop = mass_before >= top_p
+        drop[0] = False
+        lg = lg.scatter(0, idx[drop], float("-inf"))
+    probs = torch.softmax(lg, -1)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -211,6 +238,32 @@ class Reference(torch.nn.Module):
             logits = self.decode_step(nxt, pos)
             pos += 1
         return out
+
+    def stream(self, prompt_ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int = 0, stop_ids=()) -> Iterator[int]:
+        """n new token ids after the prompt, each yielded as it is sampled (sample_next, a generator seeded with
+        `seed`); a stop id ends the stream after it is yielded. Afterwards self.last_stream holds ttft_s
+        (prefill end -> first token), decode_s (prefill end -> last token) and tokens, as
+        Monokernel.stream leaves them."""
+        prompt, stops = [int(t) for t in prompt_ids], {int(t) for t in stop_ids}
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(seed))
+        self.last_stream = None
+        self.reset()
+        # prefill and decode_step run without autograd themselves: a `with no_grad()` around a yield would
+        # leak into the consumer's code between tokens
+        logits = self.prefill(prompt)
+        t0, ttft, pos, count = time.perf_counter(), None, len(prompt), 0
+        while True:
+            tok = sample_next(logits, temperature, top_k, top_p, gen)
+            count += 1
+            ttft = time.perf_counter() - t0 if ttft is None else ttft
+            yield tok
+            if count >= n or tok in stops:
+                break
+            logits = self.decode_step(tok, pos)
+            pos += 1
+        self.last_stream = dict(ttft_s=ttft, decode_s=time.perf_counter() - t0, tokens=count)
 
     @torch.no_grad()
     def teacher_forced_logits(self, prompt_ids, forced_ids) -> torch.Tensor:

@@ -1,8 +1,10 @@
-"""Text <-> token ids: the checkpoint's tokenizer.json through `tokenizers`, or a byte-level fallback.
+"""Text <-> token ids: the checkpoint's tokenizer.json through `tokenizers`, or a byte-level one for presets.
 
 Presets have random weights and no vocabulary; ByteTokenizer maps UTF-8 bytes to ids BYTE_OFFSET..BYTE_OFFSET+255
-(wrapped into the vocabulary when it is smaller), so `kogtune generate` works on a preset and prints something.
-Ids outside the byte range decode to the byte (id - BYTE_OFFSET) mod 256, so any id stream decodes.
+(wrapped into the vocabulary when it is smaller), so a preset takes text and prints something (random text:
+the weights are random). Ids outside the byte range decode to the byte (id - BYTE_OFFSET) mod 256, so any id
+stream decodes. A checkpoint directory without tokenizer.json gets MissingTokenizer: token ids still run, a
+text prompt is a clear error (bytes fed to a real model's vocabulary would print garbage without a word).
 """
 from __future__ import annotations
 
@@ -80,25 +82,56 @@ class HFTokenizer:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
+class MissingTokenizer:
+    """A checkpoint directory without tokenizer.json: no text in or out."""
+    kind = "none"
+
+    def __init__(self, ckpt: Path):
+        self.ckpt = ckpt
+
+    def _refuse(self, *_):
+        raise ConfigError(f"checkpoint {self.ckpt} has no tokenizer.json: give token ids instead of text, or add "
+                          f"the model's tokenizer.json to the directory")
+
+    encode = decode = _refuse
+
+
 def load_tokenizer(model_spec: str | os.PathLike, cfg: ModelConfig):
-    """HFTokenizer when `model_spec` is a directory with tokenizer.json, else ByteTokenizer."""
-    p = Path(str(model_spec)) / "tokenizer.json"
-    if p.is_file():
-        return HFTokenizer(p)
-    return ByteTokenizer(cfg)
+    """ByteTokenizer for a preset; for a checkpoint directory HFTokenizer over its tokenizer.json, or
+    MissingTokenizer when it has none."""
+    from kog.engine.config import PRESETS
+    d = Path(str(model_spec))
+    if str(model_spec) in PRESETS or not d.is_dir():
+        return ByteTokenizer(cfg)
+    p = d / "tokenizer.json"
+    return HFTokenizer(p) if p.is_file() else MissingTokenizer(d)
 
 
 class StreamDecoder:
-    """Incremental decode for streaming: text of each new token, holding back an incomplete UTF-8 tail."""
+    """Incremental decode for streaming: the text each new token adds, never splitting a multi-byte character.
+
+    Decodes a window of the ids (from the token before the last emitted piece, so a tokenizer that renders a
+    token differently at the start of a text still joins pieces right) and emits the new suffix once it does
+    not end in U+FFFD (an incomplete UTF-8 sequence); the window keeps each step's cost independent of the
+    length generated so far. flush() returns what is still held back at the end."""
 
     def __init__(self, tok):
-        self.tok, self.ids, self.emitted = tok, [], ""
+        self.tok, self.ids = tok, []
+        self.start = self.read = 0          # window [start, len(ids)); ids[start:read] were already emitted
 
     def push(self, token_id: int) -> str:
         self.ids.append(int(token_id))
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):          # a multi-byte character not complete yet
+        before = self.tok.decode(self.ids[self.start:self.read])
+        text = self.tok.decode(self.ids[self.start:])
+        if text.endswith("\ufffd") or len(text) <= len(before):
+            # an incomplete character, or nothing new yet (a token that only renders with what follows)
             return ""
-        new = text[len(self.emitted):] if text.startswith(self.emitted) else text
-        self.emitted = text
-        return new
+        self.start, self.read = self.read, len(self.ids)
+        return text[len(before):]
+
+    def flush(self) -> str:
+        """The held-back tail (an incomplete character decodes as U+FFFD)."""
+        before = self.tok.decode(self.ids[self.start:self.read])
+        text = self.tok.decode(self.ids[self.start:])
+        self.start = self.read = len(self.ids)
+        return text[len(before):]

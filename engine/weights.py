@@ -16,13 +16,15 @@
 
 All in the model dtype on one device. Sources: a Hugging Face checkpoint directory (load_checkpoint: config.json
 plus *.safetensors or a sharded index, read lazily tensor by tensor with safetensors.safe_open), seeded random
-tensors at realistic scale (random_weights), or a preset/directory spec (resolve_model). save_checkpoint writes
-Weights back in the HF layout (tests build checkpoints with it and round-trip).
+tensors at realistic scale (random_weights), or a spec: a preset, a directory or a Hub id already in the local
+Hugging Face cache (resolve_model). save_checkpoint writes Weights back in the HF layout (tests build
+checkpoints with it and round-trip).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 import torch
 
@@ -335,18 +337,48 @@ def random_weights(cfg: ModelConfig, device="cpu", seed: int = 0, dtype=None) ->
 
 
 def resolve_model(spec: str | os.PathLike, device="cpu", seed: int = 0, dtype=None) -> tuple[ModelConfig, Weights]:
-    """A preset name (random weights) or an HF checkpoint directory -> (config, weights)."""
+    """A preset name (random weights), an HF checkpoint directory or a Hub id in the local Hugging Face cache
+    (locate_model) -> (config, weights)."""
+    where = locate_model(spec)
+    if isinstance(where, Path):
+        return load_checkpoint(where, device, dtype)
+    cfg = preset(where)
+    if dtype is not None:
+        cfg = cfg.replace(dtype=_model_dtype(cfg, dtype))
+    w = random_weights(cfg, device, seed)
+    check_weights(cfg, w)
+    return cfg, w
+
+
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def locate_model(spec: str | os.PathLike) -> str | Path:
+    """Where a model spec points: a preset's name (str), or a checkpoint directory (Path): the directory
+    itself, or for a Hub id ("org/name") its snapshot in the local Hugging Face cache. Never downloads."""
     s = str(spec)
     if s in PRESETS:
-        cfg = preset(s)
-        if dtype is not None:
-            cfg = cfg.replace(dtype=_model_dtype(cfg, dtype))
-        w = random_weights(cfg, device, seed)
-        check_weights(cfg, w)
-        return cfg, w
+        return s
     if Path(s).is_dir():
-        return load_checkpoint(s, device, dtype)
-    raise ConfigError(f"unknown model {s!r}: not a preset ({', '.join(PRESETS)}) and not a checkpoint directory")
+        return Path(s)
+    known = f"not a preset ({', '.join(PRESETS)}) and not a checkpoint directory"
+    if not _HUB_ID.fullmatch(s):
+        raise ConfigError(f"unknown model {s!r}: {known}")
+    return _hub_snapshot(s, known)
+
+
+def _hub_snapshot(repo_id: str, known: str) -> Path:
+    """The cached snapshot of a Hub model id (huggingface_hub, offline)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ConfigError(f"unknown model {repo_id!r}: {known}, and huggingface_hub is not installed to look "
+                          f"it up in the local Hugging Face cache") from None
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:           # not cached (LocalEntryNotFoundError), or an unreadable cache: the same answer
+        raise ConfigError(f"unknown model {repo_id!r}: {known}, and not in the local Hugging Face cache (kog "
+                          f"never downloads: `huggingface-cli download {repo_id}` first)") from None
 
 
 # ---- saving -------------------------------------------------------------------------------------------------

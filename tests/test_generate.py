@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from kog.engine.config import preset
-from kog.engine.reference import Reference
+from kog.engine.reference import Reference, sample_next
 from kog.engine.tokenizer import ByteTokenizer, HFTokenizer, StreamDecoder, load_tokenizer
 from kog.engine.weights import random_weights, save_checkpoint
 from kog.tune.cli import main as kogtune
-from kog.tune.generate import generate_reference, sample_next
 
 V = 200
 
@@ -65,19 +64,22 @@ def test_sampling_matches_softmax_chi_square():
     assert chi2 < 20.5          # chi-square, 5 degrees of freedom, p = 0.001
 
 
-def test_reference_generate_seeded_and_greedy_equal():
+def test_reference_stream_seeded_and_greedy_equal():
     cfg = preset("tiny").replace(dtype="float32")
     w = random_weights(cfg, "cpu", 0)
     prompt = [1, 40, 41, 42]
-    a, _ = generate_reference(cfg, w, prompt, 12, temperature=1.0, top_k=20, seed=7)
-    b, _ = generate_reference(cfg, w, prompt, 12, temperature=1.0, top_k=20, seed=7)
-    c, _ = generate_reference(cfg, w, prompt, 12, temperature=1.0, top_k=20, seed=8)
+    ref = Reference(cfg, w, 32)
+
+    def run(n, **kw):
+        return list(ref.stream(prompt, n, **kw))
+    a, b = run(12, temperature=1.0, top_k=20, seed=7), run(12, temperature=1.0, top_k=20, seed=7)
+    c = run(12, temperature=1.0, top_k=20, seed=8)
     assert a == b and a != c
-    greedy, _ = generate_reference(cfg, w, prompt, 8)
+    greedy = run(8)
     assert greedy == Reference(cfg, w, 32).greedy(prompt, 8)
+    assert ref.last_stream["tokens"] == 8 and ref.last_stream["decode_s"] >= ref.last_stream["ttft_s"] > 0
     stop = greedy[2]
-    stopped, _ = generate_reference(cfg, w, prompt, 8, stop_ids=(stop,))
-    assert stopped == greedy[:greedy.index(stop) + 1]
+    assert run(8, stop_ids=(stop,)) == greedy[:greedy.index(stop) + 1]
 
 
 def test_byte_tokenizer_round_trip():

@@ -66,15 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--runs-dir", default=None, help=runs_help)
 
     g = add_subparser(sub, "generate", help="generate text with the monokernel",
-                      description="Prefill a prompt, then decode with the monokernel (tokens stream as they "
-                                  "come). --model takes a preset (random weights) or an HF checkpoint directory.")
-    g.add_argument("--model", required=True, help="preset name or HF checkpoint directory (required)")
+                      description="Prefill a prompt, then decode with the monokernel (kog.Engine), tokens "
+                                  "streamed as the kernel produces them. --model takes a preset (random "
+                                  "weights), an HF checkpoint directory or a Hub id in the local HF cache.")
+    g.add_argument("--model", required=True, help="preset name, HF checkpoint directory or cached Hub id (required)")
     g.add_argument("--prompt", default="The quick brown fox", help="prompt text")
     g.add_argument("--tokens", type=int, default=64, help="new tokens to generate")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: all)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one, printed)")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when the output contains TEXT (repeatable); the checkpoint's EOS always stops")
+    g.add_argument("--stop-id", action="append", type=int, default=[], metavar="ID",
+                   help="stop at token id ID (repeatable; with the EOS ids at most 8)")
+    g.add_argument("--max-seq", type=int, default=None,
+                   help="KV cache positions (default: the model's context, at most 4096)")
     g.add_argument("--mode", choices=["targeted", "grid", "reference"], default="targeted",
                    help="engine sync mode, or the PyTorch reference")
     g.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
