@@ -101,24 +101,20 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
             cands = _candidates(lo, a, hi, NC)
             row = f.sums + r * SAMPLE_ROW
             for c in range(c_lo, c_hi):
-                cnt, mass, least = _slice_stats(f.logits, c * per, tl.minimum(c * per + per, V), cands, M, NC, BV,
-                                                VENDOR)
+                v_hi = tl.minimum(c * per + per, V)
+                cnt, mass, least = _slice_stats(f.logits, c * per, v_hi, cands, M, NC, BV, VENDOR)
                 _post(row, cnt, mass, least, NC)
             _meet(f.arrivals, r + 1, c_hi - c_lo, nprog, sy, VENDOR)
             cnt, mass, least = _round_sums(row, NC)
             if first != 0:      # top-p's share is of the mass at or above its first round's lo
                 z = tl.sum(tl.where(j == 0, mass, 0), axis=0)
             passes = tl.where(phase == 0, cnt >= top_k, mass.to(tl.float64) >= z.to(tl.float64) * top_p)
-            J = tl.max(tl.where(passes | (j == 0), j, 0), axis=0)
-            cnt_lo = tl.sum(tl.where(j == J, cnt, 0), axis=0)
-            cnt_up = tl.where(J == NC - 1, cnt_hi, tl.sum(tl.where(j == J + 1, cnt, 0), axis=0))
-            hi = tl.where(J == NC - 1, hi, tl.min(tl.where(j == J + 1, cands, float("inf")), axis=0))
-            lo = tl.min(tl.where(j == J, least, float("inf")), axis=0)
-            cnt_hi = cnt_up
+            k = tl.where(phase == 0, top_k, -1)
+            lo, hi, cnt_hi, found = _narrow(passes, cnt, least, cands, hi, cnt_hi, k, NC)
             a = lo
             first = 0
             rp += 1
-            found = (J == 0) | (cnt_lo - cnt_up <= 1) | ((phase == 0) & (cnt_lo == top_k)) | (rp == SAMPLE_ROUNDS)
+            found = found | (rp == SAMPLE_ROUNDS)
             if found:
                 if (phase == 0) & p_on:       # top-p next, within the top-k set
                     phase = 1
@@ -129,8 +125,21 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
                     rp = 0
                 else:
                     phase = 2
-    tau = tl.where(phase == 2, lo, floor)
-    return _draw(f, c_lo, c_hi, per, V, tau, 8 * BV, VENDOR)
+    return _draw(f, c_lo, c_hi, per, V, lo, 8 * BV, VENDOR)    # every search found: lo is the threshold
+
+
+@triton.jit
+def _narrow(passes, cnt, least, cands, hi, cnt_hi, k, NC: tl.constexpr):
+    """(lo, hi, tokens >= hi, found) after a round: the last passing candidate J (lo itself always passes) gives
+    lo, as the least token value >= it (the same tokens pass), and the next candidate hi. Found: lo's next
+    float fails (J = 0: lo is the threshold), one token is left in [lo, hi), or lo keeps exactly k."""
+    j = tl.arange(0, NC)
+    J = tl.max(tl.where(passes | (j == 0), j, 0), axis=0)
+    cnt_lo = tl.sum(tl.where(j == J, cnt, 0), axis=0)
+    cnt_up = tl.where(J == NC - 1, cnt_hi, tl.sum(tl.where(j == J + 1, cnt, 0), axis=0))
+    hi = tl.where(J == NC - 1, hi, tl.min(tl.where(j == J + 1, cands, float("inf")), axis=0))
+    lo = tl.min(tl.where(j == J, least, float("inf")), axis=0)
+    return lo, hi, cnt_up, (J == 0) | (cnt_lo - cnt_up <= 1) | (cnt_lo == k)
 
 
 @triton.jit
