@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kog.engine.kernel.sampling import sample_tokens
+from kog.engine import layout as LY
+from kog.engine.kernel.sampling import SamplingTimeout, sample_tokens
+from kog.engine.monokernel import Monokernel
 from kog.tune.generate import sample_next
 
 
@@ -144,3 +146,12 @@ def test_the_search_ends_in_few_rounds_on_model_like_logits():
     for kw in (dict(top_p=0.9), dict(top_k=50)):
         sample_tokens(lg, 2, temperature=0.8, seed=1, ctas=4, rounds=rounds, **kw)
         assert 1 <= int(rounds.max()) <= 4, (kw, rounds.tolist())
+
+
+def test_a_cta_that_never_meets_is_a_named_timeout_not_a_hang():
+    """A grid of 3 where one CTA never arrives: the first meeting gives up, recording E_SAMPLE and the
+    arrivals it saw (2 of 3); the launcher names the wait."""
+    with pytest.raises(SamplingTimeout) as e:
+        sample_tokens(logits(16, 2), 1, temperature=1.0, top_p=0.9, ctas=2, absent=1)
+    assert e.value.record == [1, LY.E_SAMPLE, -1, 3, 2]
+    assert "top-k / top-p search" in Monokernel._SPECIAL_WAITS[LY.E_SAMPLE]

@@ -272,7 +272,7 @@ def _draw(f, c_lo, c_hi, per, V, tau, BV: tl.constexpr, VENDOR: tl.constexpr):
 # ---- the test entry ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _sample_kernel(logits_ptr, f, sy, out_ptr, rounds_ptr, V, n_samples, ctas, seed, inv_temp, top_k, top_p,
+def _sample_kernel(logits_ptr, f, sy, out_ptr, rounds_ptr, V, n_samples, ctas, nprog, seed, inv_temp, top_k, top_p,
                    SAMPLE: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr):
     # The monokernel's sampling on one logits vector, n_samples times (steps 0..n-1): tiles of BN tokens dealt
     # round-robin to `ctas` simulated CTAs (their LM tiles), the search over their even slices.
@@ -301,7 +301,7 @@ def _sample_kernel(logits_ptr, f, sy, out_ptr, rounds_ptr, V, n_samples, ctas, s
                 best = tl.where(take, b, best)
                 best_i = tl.where(take, bi, best_i)
         if SAMPLE == 2:
-            best, best_i = filtered_pick(f, 0, ctas, ctas, V, top_k, top_p, sy, 0, BV)
+            best, best_i = filtered_pick(f, 0, ctas, nprog, V, top_k, top_p, sy, 0, BV)
             a = tl.arange(0, SAMPLE_WORDS)
             tl.store(rounds_ptr + step, tl.sum((tl.load(f.arrivals + a) > 0).to(tl.int32), axis=0) - 1)
             filtered_reset(f)
@@ -317,10 +317,11 @@ def sample_mode(temperature: float, top_k: int, top_p: float) -> int:
 
 
 def sample_tokens(logits: torch.Tensor, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                  seed: int = 0, ctas: int = 3, rounds: torch.Tensor | None = None) -> torch.Tensor:
+                  seed: int = 0, ctas: int = 3, rounds: torch.Tensor | None = None, absent: int = 0) -> torch.Tensor:
     """Draw n tokens (steps 0..n-1) from one logits vector with the monokernel's sampling code, the vocabulary
     spread over `ctas` simulated CTAs (<= 64). `rounds` (int32 [n]), if given, receives each draw's search
-    rounds."""
+    rounds. `absent` more CTAs make up the grid but never arrive: the search's first meeting times out
+    (SamplingTimeout)."""
     from kog.engine import layout as LY
     V = logits.numel()
     dev = logits.device
@@ -335,8 +336,16 @@ def sample_tokens(logits: torch.Tensor, n: int, temperature: float = 0.0, top_k:
                      1000)
     mode = sample_mode(temperature, top_k, top_p)
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
-    _sample_kernel[(1,)](logits, f, sy, out, rounds, V, n, ctas, seed, inv_t, top_k, float(top_p),
+    _sample_kernel[(1,)](logits, f, sy, out, rounds, V, n, ctas, ctas + absent, seed, inv_t, top_k, float(top_p),
                          SAMPLE=mode, BN=16, BV=64)
     if int(sy.err[0]):
-        raise RuntimeError(f"sampling search: a wait timed out ({sy.err[:5].tolist()})")
+        raise SamplingTimeout(sy.err[:5].tolist())
     return out
+
+
+class SamplingTimeout(RuntimeError):
+    """A bounded wait of sample_tokens' kernel gave up; .record is the kernel's [1, what, task, target, value]."""
+
+    def __init__(self, record: list[int]):
+        super().__init__(f"a wait timed out: {record}")
+        self.record = record
