@@ -55,17 +55,26 @@ S_BAR = 3               # grid-barrier arrivals (monotonic)
 S_STOP = 4              # EOS seen
 S_NTOK = 5              # tokens produced
 S_SLOT = 16             # start-up rendezvous of the topology mapping
+S_SAMPLE = 32           # SAMPLE_WORDS arrival words of the top-k / top-p search (kernel/sampling.py): round 0 (the
+                        # grid's max logit), then each search round; the token's last CTA zeroes them
+SAMPLE_WORDS = 16
 S_ARR = 1024            # arrivals of attention splits, one word per (layer, KV head) (monotonic)
 
 # ---- what a timed-out wait names in the error record (err = [1, what, task, target, value]) -----------------------
 # what >= 0: a readiness counter. Peer flags of tensor parallelism: E_FLAG - flag index.
-E_TOKEN, E_BARRIER, E_RENDEZVOUS, E_RING, E_TAG = -1, -2, -3, -4, -5
+E_TOKEN, E_BARRIER, E_RENDEZVOUS, E_RING, E_TAG, E_SAMPLE = -1, -2, -3, -4, -5, -6
 E_FLAG = -16
 
 # ---- the weight ring's shared memory (kernel/ring.py) ---------------------------------------------------------------
 RING_BAR_BYTES = 1024   # the slots' mbarriers (8 bytes each) at the ring's start; the slots follow
 ROW_BLOCK = 16          # task rows loaded per block into shared memory, two blocks in flight
 ROW_AREA = 512          # byte offset of the two row blocks inside the mbarriers' region (<= 16 slots use 128 B)
+
+# ---- the top-k / top-p search (kernel/sampling.py) -------------------------------------------------------------------
+SAMPLE_CANDS = 32       # candidate thresholds per round
+SAMPLE_ROUNDS = 6       # rounds per threshold at most (top-k's, then top-p's): 1 + 2 * 6 arrival words
+SAMPLE_ROW = 4 * SAMPLE_CANDS   # int64 per round in ActArgs.search: per candidate its count, mass, least value
+assert 1 + 2 * SAMPLE_ROUNDS <= SAMPLE_WORDS and S_SAMPLE + SAMPLE_WORDS <= S_ARR
 
 # ---- tensor parallelism: the per-rank peer table (int64), kernel/exchange.py ---------------------------------------
 TP_RANK, TP_VOCAB_LO, TP_SAMPLE_FLAG = 0, 1, 2
@@ -76,7 +85,7 @@ FLAG_STRIDE = 32        # int32 per flag: one 128-byte line each (no false shari
 # ---- the kernel's argument groups (built by the launcher, read by field name in the kernel) ---------------------------
 # Tensors and per-engine values; the per-launch run values are plain arguments (kernel/entry.py says why).
 ModelArgs = namedtuple("ModelArgs", "w woff small soff embed cos sin cache")
-ActArgs = namedtuple("ActArgs", "act aoff part qkvt logits partial_v partial_i out forced eos")
+ActArgs = namedtuple("ActArgs", "act aoff part qkvt logits partial_v partial_i out forced eos search")
 PlanArgs = namedtuple("PlanArgs", "rows cta_start rpc target cnt smid_tab ring_lo ring_sz gring grow peers")
 SyncArgs = namedtuple("SyncArgs", "sync err timeout_ns")
 TraceArgs = namedtuple("TraceArgs", "buf tokens cap atr atr_cap")
@@ -87,5 +96,5 @@ Shape = namedtuple("Shape", "H I V L HD NKV G GP GH SP QS KVS HAS_BIAS QK_NORM")
 # input, gate and up rows together, input kept in registers as float pairs (XRAW) or model-dtype words (XW),
 # the weight matrix (woff column) and the tensor-parallel slices its rows are reduced in (tp_compat)
 GemvSpec = namedtuple("GemvSpec", "K BN BK NORM GU XRAW XW WCOL RANKS")
-Tiling = namedtuple("Tiling", "WAIT QKV O GU DOWN LM BT SPLIT GPOW SAMPLE FILTER_ITERS TRACE ATRACE VENDOR TPC "
+Tiling = namedtuple("Tiling", "WAIT QKV O GU DOWN LM BT SPLIT GPOW SAMPLE FILTER_BV TRACE ATRACE VENDOR TPC "
                     "RING SLOTB RING_SIZES BKC_X TAGQKV TP NR XR VR")

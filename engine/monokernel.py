@@ -90,10 +90,10 @@ def kernel_constants(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, gri
         sizes = padded_fraction(**dims) > 0
     nr, xr, vr = tp or (1, 1, 0)
     tiling = LY.Tiling(WAIT=e.mode == "targeted", **gemv_specs(cfg, e, tp is not None), BT=e.attn_dot_tile(),
-                       SPLIT=e.attn_block, GPOW=_next_pow2(grid), SAMPLE=sample, FILTER_ITERS=24, TRACE=bool(trace),
-                       ATRACE=bool(trace and attn_stamps), VENDOR=vendor, TPC=int(e.tp_compat), RING=ring,
-                       SLOTB=slotb, RING_SIZES=sizes, BKC_X=bkc_x, TAGQKV=bool(ring), TP=tp is not None, NR=nr,
-                       XR=xr, VR=vr)
+                       SPLIT=e.attn_block, GPOW=_next_pow2(grid), SAMPLE=sample, FILTER_BV=4 * e.num_warps,
+                       TRACE=bool(trace), ATRACE=bool(trace and attn_stamps), VENDOR=vendor, TPC=int(e.tp_compat),
+                       RING=ring, SLOTB=slotb, RING_SIZES=sizes, BKC_X=bkc_x, TAGQKV=bool(ring), TP=tp is not None,
+                       NR=nr, XR=xr, VR=vr)
     opts: dict[str, Any] = {"num_warps": e.num_warps}
     if vendor == NVIDIA:
         # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
@@ -109,7 +109,8 @@ def kernel_groups(b, cfg: ModelConfig, e: EngineConfig, plan: Plan, trace: bool)
     kog.engine.regreport's stand-ins with the same attribute names): one function for both, so the
     compile without a GPU sees exactly the launcher's arguments."""
     mw = LY.ModelArgs(b.wbuf, b.woff, b.small, b.soff, b.embed, b.cos, b.sin, b.cache)
-    ac = LY.ActArgs(b.act, b.aoff, b.part, b.qkvt, b.logits, b.partial_v, b.partial_i, b.out, b.forced, b.eos)
+    ac = LY.ActArgs(b.act, b.aoff, b.part, b.qkvt, b.logits, b.partial_v, b.partial_i, b.out, b.forced, b.eos,
+                    b.search)
     pa = LY.PlanArgs(b.rows, b.cta_start, b.rpc, b.target, b.cnt, b.smid_tab, b.ring_lo, b.ring_sz, b.gring, b.grow,
                      b.peers)
     sy = LY.SyncArgs(b.sync, b.err, int(wait_timeout_seconds(e, vendor_code() == INTERPRET) * 1e9))
@@ -245,8 +246,10 @@ class Monokernel:
         self.aoff = torch.tensor(aoff, device=dev)
         self.act = torch.zeros(n_act, dtype=torch.float32, device=dev)
         self.gpow = _next_pow2(p.grid)
-        self.partial_v = torch.zeros(self.gpow + cfg.vocab_size, dtype=torch.float32, device=dev)
+        # the CTAs' picks; top-k / top-p's scaled logits, Gumbel scores and CTA maxima (kernel/entry.py _filter)
+        self.partial_v = torch.zeros(2 * self.gpow + 2 * cfg.vocab_size, dtype=torch.float32, device=dev)
         self.partial_i = torch.zeros(self.gpow, dtype=torch.int32, device=dev)
+        self.search = torch.zeros(2 * LY.SAMPLE_ROUNDS * LY.SAMPLE_ROW, dtype=torch.int64, device=dev)
         gp = max(16, _next_pow2(cfg.num_heads // cfg.num_kv_heads))
         self.part = torch.zeros(cfg.num_kv_heads * self.attn_splits * gp * (cfg.head_dim + 2),
                                 dtype=torch.float32, device=dev)
@@ -359,6 +362,8 @@ class Monokernel:
         self.err.zero_()
         self.act[: cfg.hidden_size] = self.embed[first_token].float()
         mode = sample_mode(temperature, top_k, top_p)
+        if mode == 2:           # the search's sums (an aborted launch may leave some behind)
+            self.search.zero_()
         run = (pos0, n, 1 if forced is not None else 0, int(seed), int(top_k),
                1.0 / temperature if temperature > 0 else 1.0, float(top_p), 1 if write_logits else 0, self.n_eos)
         shape, tiling, opts = self.constants(mode, trace)
@@ -441,7 +446,8 @@ class Monokernel:
     _SPECIAL_WAITS = {LY.E_TOKEN: "the token-ready flag", LY.E_BARRIER: "the grid barrier",
                       LY.E_RENDEZVOUS: "the start-up SM rendezvous",
                       LY.E_RING: "a weight-ring slot (its bulk copy never landed)",
-                      LY.E_TAG: "the tagged qkv rows of an attention split (their token tag)"}
+                      LY.E_TAG: "the tagged qkv rows of an attention split (their token tag)",
+                      LY.E_SAMPLE: "a round of the top-k / top-p search (every CTA meets at the token's end)"}
 
     def _check_error(self) -> None:
         err = self.err.cpu().tolist()

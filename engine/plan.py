@@ -397,7 +397,8 @@ def _describe(plan: Plan, obj) -> str:
 
 def _programs(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int, io: list) -> list[list[Step]]:
     """Each CTA's steps for one token, as the kernel executes its table (kernel/entry.py): wait for the token,
-    then its tasks (waits, releases), then publish, arrive, and the last CTA hands over. Consecutive GEMV
+    then its tasks (waits, releases), then publish, meet the others (top-k / top-p), arrive, and the last
+    CTA hands over. Consecutive GEMV
     tasks of one phase run as one step: they read the same input, so once the first task's waits hold the
     others' do too, and the kernel runs them back to back."""
     targeted = ecfg.mode == "targeted"
@@ -415,9 +416,19 @@ def _programs(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int, i
         for i, j in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             if j > i:
                 steps += _task_steps(plan, ecfg, splits, i, j, io, rel_col, targeted, tags)
+        steps += _sampling_meeting(plan.grid)
         steps.append(Step("token end", actions=(("flush",), ("arrive", "done", plan.grid, handoff))))
         programs.append(steps)
     return programs
+
+
+def _sampling_meeting(grid: int) -> list[Step]:
+    """Top-k / top-p (kernel/sampling.py): after its tasks, each CTA publishes what it holds back and meets
+    every other CTA (round 0, then the search's rounds: the same meeting again, with nothing in between
+    that waits on a task). Stated for every plan: the sampling mode is chosen per launch, and a plan that
+    runs with the meeting runs without it."""
+    return [Step("sampling meeting", actions=(("flush",), ("add", "sample", 1))),
+            Step("sampling meeting wait", waits=(("sample", grid, 0),))]
 
 
 def _task_steps(plan: Plan, ecfg: EngineConfig, splits: int, i: int, j: int, io: list, rel_col: np.ndarray,

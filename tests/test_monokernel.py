@@ -84,6 +84,22 @@ def test_sampling_is_seeded():
     assert a != c
 
 
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_top_k_top_p_tokens_are_seeded_and_kept_by_the_reference(mode):
+    """Top-k then top-p inside the kernel (every CTA's search, sampling.filtered_pick): seeded, and each token
+    is one sample_next could draw from the logits it was drawn from (teacher-forced along the tokens):
+    test_sampling.reference_probs gives it a positive probability."""
+    from test_sampling import reference_probs
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(TINY, w, SMALL_TILES.replace(mode=mode), max_seq=64)
+    mk.n_eos = 0
+    a, _ = mk.generate([5, 6, 7], 3, temperature=0.8, top_k=20, top_p=0.9, seed=11)
+    assert a == mk.generate([5, 6, 7], 3, temperature=0.8, top_k=20, top_p=0.9, seed=11)[0]
+    assert a != mk.generate([5, 6, 7], 3, temperature=0.8, top_k=20, top_p=0.9, seed=12)[0]
+    for row, tok in zip(mk.teacher_forced_logits([5, 6, 7], a), a):
+        assert reference_probs(row, 0.8, top_k=20, top_p=0.9)[tok] > 0
+
+
 def test_a_wait_that_can_never_complete_is_an_error_not_a_hang():
     """Corrupt one counter's target: the bounded spin gives up, names the counter and the task."""
     w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)

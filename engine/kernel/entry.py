@@ -21,10 +21,10 @@ from kog.engine.kernel.attention import attention_task
 from kog.engine.kernel.exchange import exchange_task, pick_across_ranks
 from kog.engine.kernel.gemv import XCache
 from kog.engine.kernel.names import (E_RENDEZVOUS, E_TOKEN, HEAD_EARLY_BIT, HEAD_LAYER_SHIFT, HEAD_POINT_BIT,
-                                     HEAD_TYPE_MASK, ROW_BLOCK, ROW_WORDS, S_DONE, S_NTOK, S_SLOT, S_STOP, S_TOK,
-                                     T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
+                                     HEAD_TYPE_MASK, ROW_BLOCK, ROW_WORDS, S_DONE, S_NTOK, S_SAMPLE, S_SLOT, S_STOP,
+                                     S_TOK, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
 from kog.engine.kernel.ring import RingCursor, RingSpan, ring_close, ring_fill, ring_open, row_read, rows_load, rows_store
-from kog.engine.kernel.sampling import filtered_sample, tile_best
+from kog.engine.kernel.sampling import Filter, filtered_pick, filtered_reset, tile_best
 from kog.engine.kernel.sync import Pending, Waits, grid_barrier, publish, publish_before, spin_until
 from kog.engine.kernel.tasks import Best, StreamState, gate_up_task, lm_task, qkv_task, residual_task
 from kog.engine.kernel.trace import trace_task
@@ -181,10 +181,16 @@ def _read_task(ti, j, t_hi, me, pa, C):
 
 @triton.jit
 def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
-    """This CTA is done with the token: publish what it holds back and its best candidate. The last CTA to
-    finish picks the token, records it (EOS stops the launch), writes the next token's input embedding and
-    releases the next token."""
+    """This CTA is done with the token: publish what it holds back and its best candidate (top-k / top-p: its
+    draw once the grid found the threshold, sampling.filtered_pick). The last CTA to finish picks the token,
+    records it (EOS stops the launch), writes the next token's input embedding and releases the next
+    token."""
     publish(pa.cnt, pend)
+    if C.SAMPLE == 2:   # top-k / top-p: every CTA finds the threshold with the others, then draws in its slice
+        f = _filter(ac, sy, M, C)
+        tl.store(f.maxima + cta, best.v)
+        bv, bi = filtered_pick(f, cta, cta + 1, nprog, M.V, run.top_k, run.top_p, sy, C.VENDOR, C.FILTER_BV)
+        best = Best(bv, bi)
     tl.store(ac.partial_v + cta, best.v)
     tl.store(ac.partial_i + cta, best.i)
     tl.debug_barrier()
@@ -197,8 +203,7 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
         if C.TP:    # every rank's best to every rank; all take the same max (ties: lowest id)
             t = pick_across_ranks(b, t, tok.step, tok.t1, pa, sy, C.NR, C.VENDOR)
         if C.SAMPLE == 2:
-            t = filtered_sample(ac.partial_v + C.GPOW, M.V, b, run.top_k, run.top_p, run.seed, tok.pos, 256,
-                                C.FILTER_ITERS)
+            filtered_reset(_filter(ac, sy, M, C))
         if run.force != 0:
             t = tl.load(ac.forced + tok.step + 1)
         er = tl.arange(0, 8)
@@ -218,3 +223,12 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
         # the token goes to host memory (the launcher's pinned buffer, for the host to read while the launch
         # runs) only after the next token is released: the write crosses the bus, off the critical path
         tl.store(ac.out + tok.step, t)
+
+
+@triton.jit
+def _filter(ac, sy, M, C):
+    """The top-k / top-p search's memory (sampling.Filter): in partial_v after the CTAs' picks, the LM tiles'
+    scaled logits, their Gumbel scores, each CTA's max (tasks.lm_task writes the first two); the per-round
+    sums; the arrival words."""
+    lbuf = ac.partial_v + C.GPOW
+    return Filter(lbuf, lbuf + M.V, lbuf + 2 * M.V, ac.search, sy.sync + S_SAMPLE)

@@ -109,9 +109,11 @@ def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
     lg = rnd(acc, DT)                            # HF_ROUNDING: logits in the model dtype, as HF
     if run.write_logits != 0:
         tl.store(ac.logits + tl.cast(tok.step, tl.int64) * M.V + rows, lg)
-    if C.SAMPLE == 2:
+    if C.SAMPLE == 2:   # the top-k / top-p search's inputs (entry._filter): scaled logits and Gumbel scores
         sc = lg * run.inv_temp
-        tl.store(ac.partial_v + C.GPOW + rows, sc)   # scaled logits for the filter passes
+        tl.store(ac.partial_v + C.GPOW + rows, sc)
+        gs = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, 1)
+        tl.store(ac.partial_v + C.GPOW + M.V + rows, gs)
         b, bi = tile_best(sc, rows, rows < M.V)
     elif C.TP:     # vocab parallel: scores and picks are keyed by the global token id
         gid = tl.load(pa.peers + TP_VOCAB_LO).to(tl.int32) + rows

@@ -207,6 +207,19 @@ def ring_prefetch_l2(src, nbytes, VENDOR: tl.constexpr):
                                   pack=1)
 
 
+@triton.jit
+def prefetch_l1(base, lo, hi, VENDOR: tl.constexpr):
+    """Prefetch the float32 elements base[lo:hi] (hi > lo) into L1, one 128-byte line per lane, lanes past
+    the end repeating the last line (NVIDIA; elsewhere nothing: a prefetch is only a hint)."""
+    if VENDOR == 1:
+        ln = tl.arange(0, 64)
+        last = (hi - 1) // 32
+        for l0 in range(lo // 32, last + 1, 64):
+            line = tl.minimum(l0 + ln, last)
+            tl.inline_asm_elementwise("prefetch.global.L1 [$1];\nmov.u32 $0, 0;", "=r,l", [base + line * 32],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+
 # Wait (bounded: $4 ns on the global timer, read only once the first try_wait failed) until the mbarrier at $2
 # has completed its phase of parity $3. $0 = 1 if it timed out, $1 = an opaque 0 for the reads of the slot
 # (keeps them below the wait).
