@@ -144,12 +144,16 @@ def activation_offsets(cfg: ModelConfig, partials: bool = False) -> tuple[np.nda
 
 class Monokernel:
     EXACT_PREFILL = True        # prefill in float32 (see __init__); the TP ranks override it
+    CHECK_WEIGHTS = True        # the TP ranks' shards are checked whole by TPMonokernel instead
     attn_stamps = False         # __init__(attn_stamps=True) turns it on (tables built without __init__: off)
 
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
                  trace_tokens: int = 0, compile_only: bool = False, attn_stamps: bool = False):
         from kog.engine.reference import Reference
+        if self.CHECK_WEIGHTS:
+            from kog.engine.weights import check_weights
+            check_weights(cfg, weights)       # a missing, misshapen or NaN tensor: one line, before any packing
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
         self.vendor = vendor_code()
@@ -347,6 +351,7 @@ class Monokernel:
         """(args, launch options) of one launch; resets the counters, sync words and the first input. Split from
         _launch so the tensor-parallel launcher starts G of them before it synchronizes any."""
         cfg = self.cfg
+        check_launch(self.embed.shape[0], first_token, pos0, n, temperature, top_k, top_p, seed)
         if pos0 + n > self.max_seq:
             raise ConfigError(f"{pos0 + n} positions exceed the KV cache's max_seq {self.max_seq}")
         self._wait_launch()          # the last launch may still write the token buffer
@@ -602,6 +607,25 @@ class Monokernel:
         out["trace_overhead"] = traced / plain - 1.0
         out["untraced_seconds_per_token"] = plain / n
         return out
+
+
+SEED_RANGE = (0, 2 ** 63)       # the kernel's seed argument is an int64
+
+
+def check_launch(rows: int, first_token: int, pos0: int, n: int, temperature: float, top_k: int,
+                 top_p: float, seed: int) -> None:
+    """ConfigError for launch arguments the kernel cannot run (checked here: in the kernel they would read
+    outside the cache or the embedding's `rows`, or sample from NaN)."""
+    if not 0 <= int(first_token) < rows:
+        raise ConfigError(f"token id {first_token} is outside the embedding (0..{rows - 1})")
+    if pos0 < 0 or n < 1:
+        raise ConfigError(f"a launch needs a position >= 0 and >= 1 new token (got position {pos0}, {n} tokens)")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"temperature must be a finite number >= 0 (got {temperature})")
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_k must be >= 0 and top_p in (0, 1] (got {top_k}, {top_p})")
+    if not SEED_RANGE[0] <= int(seed) < SEED_RANGE[1]:
+        raise ConfigError(f"seed must be in [0, 2**63) (got {seed})")
 
 
 def _launch_thread(mk: Monokernel, args, opts):

@@ -103,6 +103,7 @@ def tp_devices(G: int, devices=None) -> list[torch.device]:
 class _Rank(Monokernel):
     """One rank: a Monokernel over its shard whose plan and task table come from the TP plan."""
     EXACT_PREFILL = False       # the ranks' prefill and RoPE tables stay in the model dtype (tp_compat matches it)
+    CHECK_WEIGHTS = False       # TPMonokernel checked the whole model before sharding it
 
     def __init__(self, owner: "TPMonokernel", rank: int, shard_cfg: ModelConfig, w: Weights, ecfg: EngineConfig,
                  device, max_seq):
@@ -169,6 +170,8 @@ class _Rank(Monokernel):
 class TPMonokernel:
     def __init__(self, cfg: ModelConfig, weights: Weights, G: int, ecfg: EngineConfig | None = None, devices=None,
                  max_seq: int | None = None, exchange_rows: int | None = None, pad_vocab: bool = False):
+        from kog.engine.weights import check_weights
+        check_weights(cfg, weights)
         self.cfg, self.G = cfg, G
         self.ecfg = ecfg or EngineConfig()
         self.shape = tp_shape(cfg, G, pad_vocab)

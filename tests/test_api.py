@@ -23,7 +23,7 @@ from kog.engine.weights import random_weights, save_checkpoint
 REPO = Path(__file__).resolve().parents[1]
 # a small tiling for the tiny model: the interpreter's cost grows with the tile sizes it emulates
 SMALL = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
-                     sync_rows=32, max_spin=5000)
+                     sync_rows=32)
 
 
 def byte_ids(text: str) -> list[int]:
@@ -74,26 +74,6 @@ def scripted(monkeypatch):
         monkeypatch.setattr(ScriptedMonokernel, "script", script)
         return Engine.from_pretrained("tiny", device="cpu", config=SMALL, **kw)
     return make
-
-
-@pytest.fixture
-def streaming_monokernel(monkeypatch):
-    """Until the launcher streams (Monokernel.stream / set_stop_ids), the same interface over generate()."""
-    from kog.engine.monokernel import Monokernel
-    if hasattr(Monokernel, "stream"):
-        return
-
-    def set_stop_ids(self, ids):
-        ids = [int(i) for i in ids]
-        self.eos = torch.tensor(ids + [-1] * (8 - len(ids)), dtype=torch.int32, device=self.device)
-        self.n_eos = len(ids)
-
-    def stream(self, prompt_ids, n, temperature=0.0, top_k=0, top_p=1.0, seed=0):
-        toks, secs = self.generate(prompt_ids, n, temperature, top_k, top_p, seed)
-        self.last_stream = dict(ttft_s=secs / max(len(toks), 1), decode_s=secs, tokens=len(toks))
-        yield from toks
-    monkeypatch.setattr(Monokernel, "set_stop_ids", set_stop_ids, raising=False)
-    monkeypatch.setattr(Monokernel, "stream", stream, raising=False)
 
 
 def write_byte_tokenizer(d: Path) -> None:
@@ -316,7 +296,7 @@ def test_reference_mode_samples_and_stops():
 
 # ---- the monokernel through the interpreter -------------------------------------------------------------------
 
-def test_monokernel_engine_on_a_checkpoint(tiny_ckpt, streaming_monokernel):
+def test_monokernel_engine_on_a_checkpoint(tiny_ckpt):
     """Greedy tokens equal the float32 oracle's; the same seed samples the same tokens; a longer request
     runs on the same Monokernel, its packed weights untouched; a stop id ends it."""
     from kog.engine.monokernel import Monokernel
@@ -336,7 +316,7 @@ def test_monokernel_engine_on_a_checkpoint(tiny_ckpt, streaming_monokernel):
     assert eng.backend is mk and mk.wbuf.data_ptr() == wbuf
 
 
-def test_readme_example_runs_as_written(tiny_ckpt, streaming_monokernel, monkeypatch, capsys):
+def test_readme_example_runs_as_written(tiny_ckpt, monkeypatch, capsys):
     """The README's Python example, with its model id pointed at the tiny checkpoint (the interpreter runs the
     tiny model's small tiling in place of the platform default, which the interpreter emulates slowly)."""
     import kog.engine.monokernel as M
@@ -394,7 +374,7 @@ def test_cli_passes_sampling_stops_and_the_tuned_config(scripted, tmp_path, monk
     assert {"tok_per_s", "ttft_s", "prompt_ids", "tokenizer", "mode"} <= set(out)
 
 
-def test_cli_streams_the_monokernel_with_sampling(tmp_path, monkeypatch, capsys, streaming_monokernel):
+def test_cli_streams_the_monokernel_with_sampling(tmp_path, monkeypatch, capsys):
     """`kogtune generate --mode targeted --temperature 0.8 --top-p 0.9` through the interpreter: the prompt,
     then the streamed text, then one status line naming the seed and that a preset's weights are random."""
     from kog.tune.cli import main as kogtune

@@ -2,7 +2,7 @@
 
 Top-k / top-p run the monokernel's search with several CTAs simulated by one program (sample_tokens' `ctas`):
 each CTA counts over its own slice of the vocabulary and the rounds meet through the same sums and arrival
-words as on the GPU. The reference is tune/generate.py's sample_next."""
+words as on the GPU. The reference is kog.engine.reference.sample_next."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +11,7 @@ import torch
 from kog.engine import layout as LY
 from kog.engine.kernel.sampling import SamplingTimeout, sample_tokens
 from kog.engine.monokernel import Monokernel
-from kog.tune.generate import sample_next
+from kog.engine.reference import sample_next
 
 
 def logits(v=8, seed=0):

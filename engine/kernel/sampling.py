@@ -11,7 +11,7 @@ together (`filtered_pick`), over an even slice of the vocabulary each:
 - round 0: each CTA publishes its LM tiles' max and meets the others: the grid's max M is known and every
   tile's scaled logits are out;
 - then a multi-way search per threshold, top-k's first (the largest tau keeping >= k tokens), then top-p's
-  within it (the largest tau keeping >= top_p of the top-k set's mass, as tune/generate.py's sample_next
+  within it (the largest tau keeping >= top_p of the top-k set's mass, as kog.engine.reference.sample_next
   renormalises after top-k). A round has SAMPLE_CANDS candidates ascending from a bound known to pass
   (lo) towards one known to fail (hi): lo itself, the next float above lo, then an even spread. Every CTA
   counts over its slice the tokens >= each candidate, their softmax mass and the least value >= each, adds
