@@ -129,6 +129,7 @@ class Engine:
             ids = list(self.tokenizer.encode(prompt))
             if not ids:
                 raise ConfigError("the prompt encodes to no tokens")
+            check_ids(ids, self.cfg.vocab_size, f"tokenizer {self.tokenizer.kind} does not fit the model: prompt")
             return ids
         ids = [int(t) for t in prompt]
         if not ids:

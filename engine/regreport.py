@@ -319,10 +319,11 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
         if k not in types:
             raise UsageError(f"--set {k}: not an engine config field ({', '.join(types)})")
         t = str(types[k])
+        kind = "int" if t in ("int", "<class 'int'>") else "float" if t in ("float", "<class 'float'>") else None
         try:
-            out[k] = int(v.replace("_", "")) if t in ("int", "<class 'int'>") else v
+            out[k] = int(v.replace("_", "")) if kind == "int" else float(v) if kind == "float" else v
         except ValueError:
-            raise UsageError(f"--set {k}={v}: not an integer") from None
+            raise UsageError(f"--set {k}={v}: not {'an integer' if kind == 'int' else 'a number'}") from None
     return out
 
 

@@ -129,8 +129,8 @@ def test_sass_counts():
 
 
 def test_set_parsing_and_usage_errors():
-    assert rr.parse_sets(["ctas_per_sm=4", "mode=grid", "max-spin=1_000"]) == \
-        {"ctas_per_sm": 4, "mode": "grid", "wait_timeout_s": 1.0}
+    assert rr.parse_sets(["ctas_per_sm=4", "mode=grid", "wait-timeout-s=1.5"]) == \
+        {"ctas_per_sm": 4, "mode": "grid", "wait_timeout_s": 1.5}
     for bad in (["nope=1"], ["ctas_per_sm"], ["num_warps=four"]):
         with pytest.raises(rr.UsageError):
             rr.parse_sets(bad)

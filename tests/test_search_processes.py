@@ -207,7 +207,12 @@ def test_two_searches_on_one_study_one_killed_mid_trial(tmp_path, monkeypatch, b
     storage = _sqlite(tmp_path) if backend == "sqlite" else os.environ["KOG_TEST_POSTGRES_URL"]
     study = f"pair-{uuid.uuid4().hex[:8]}"
     n = 16
-    extra = {"payload_extra": {"sleep": 0.3, "value": 1.0}, "target": "kog.tune._fakes:slow_then_value"}
+    # every trial holds while the file exists: B's trial is still running when B is killed, however slow
+    # the machine; deleting the file lets A finish the study
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    extra = {"payload_extra": {"sleep": 0.05, "value": 1.0, "hold_while": str(hold)},
+             "target": "kog.tune._fakes:slow_then_value"}
     a = _start(tmp_path, _args(tmp_path, study, storage, trials=n, **extra))
     b, b_tree = None, set()
     try:
@@ -217,6 +222,7 @@ def test_two_searches_on_one_study_one_killed_mid_trial(tmp_path, monkeypatch, b
         b_tree = _descendants(b.pid)
         os.kill(b.pid, signal.SIGKILL)
         b.wait()
+        hold.unlink()
         before = {t.number: (t.state, t.value) for t in _trials(storage, study) if t.state.is_finished()}
         out, err = a.communicate(timeout=BOUND_S)
         assert a.returncode == 0, err

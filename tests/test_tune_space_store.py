@@ -160,14 +160,16 @@ def test_retired_engine_fields_are_dropped_when_read(tmp_path, monkeypatch):
     drops exactly those (RETIRED_FIELDS) and keeps the rest of the config; any other unknown field is still
     refused, so the entry is skipped."""
     from kog.engine.config import ConfigError
-    assert store.RETIRED_FIELDS == ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop")
+    assert store.RETIRED_FIELDS == ("prefetch", "blocked_prefetch", "row_prefetch", "pipeline_stages", "flat_loop",
+                                   "max_spin")
     monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
     m = preset("llama-3.2-1b")
     cfg = EngineConfig(ctas_per_sm=3, mapping="topology")
     assert store.save_best("NVIDIA H200", m, cfg, 900.0, {"backend": "gpu"})
     doc = json.loads(store.store_path().read_text())
     (entry,) = doc["entries"].values()
-    entry["config"].update(prefetch=2, blocked_prefetch=1, row_prefetch=2, pipeline_stages=3, flat_loop=1)
+    entry["config"].update(prefetch=2, blocked_prefetch=1, row_prefetch=2, pipeline_stages=3, flat_loop=1,
+                           max_spin=20_000_000)
     store.store_path().write_text(json.dumps(doc))
     assert store.best_config("NVIDIA H200", m) == cfg
     assert store.engine_config({**cfg.to_dict(), "prefetch": 1}) == cfg

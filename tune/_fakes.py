@@ -57,9 +57,18 @@ def exit3(payload, report):
     os._exit(3)
 
 
+HOLD_CAP_S = 300.0      # a held trial gives up waiting after this long (a test that forgot the file)
+
+
 def slow_then_value(payload, report):
+    """Sleep `sleep` seconds, and while the file `hold_while` exists (a test releases the trial by deleting
+    it, so the trial's length never depends on the machine's speed), then return `value`."""
     report(0, float(payload.get("short", 1.0)))
     time.sleep(float(payload.get("sleep", 0.0)))
+    hold = payload.get("hold_while")
+    t0 = time.monotonic()
+    while hold and os.path.exists(hold) and time.monotonic() - t0 < HOLD_CAP_S:
+        time.sleep(0.02)
     return float(payload.get("value", 1.0))
 
 

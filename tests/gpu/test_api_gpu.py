@@ -82,7 +82,7 @@ def sampling_checks(eng):
                          allowed=sum(ok), tokens=len(ok))
     # temperature + top-k over many one-token draws: chi-square against the renormalised top-5 softmax
     k, T, n = 5, 0.8, 400
-    lg = mk.teacher_forced_logits(SHORT, [0])[0].double() / T
+    lg = mk.teacher_forced_logits(SHORT, [0])[0].double().cpu() / T     # counts live on the host
     top = torch.topk(lg, k)
     want = torch.softmax(top.values, -1)
     counts = torch.zeros(k, dtype=torch.float64)
