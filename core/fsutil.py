@@ -59,6 +59,35 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
+class InputPathError(UsageError):
+    """An input kog will not open: not a regular file (a FIFO would block the read forever, a device node
+    could read without end)."""
+
+
+def check_input_file(path: str | os.PathLike, what: str = "input") -> Path:
+    """`path` as a Path if it is a regular file (after symlinks); FileNotFoundError if nothing is there;
+    else InputPathError naming what is there."""
+    p = Path(path)
+    st = os.stat(p)             # FileNotFoundError / PermissionError pass through to the caller's handling
+    if not stat.S_ISREG(st.st_mode):
+        raise InputPathError(f"{what} {p} is {_kind(st.st_mode)}, not a regular file")
+    return p
+
+
+def read_regular_text(path: str | os.PathLike, what: str = "input") -> str:
+    """The text of a regular file, never blocking on a FIFO: opened non-blocking and checked on the open
+    descriptor (so a file swapped in after a check is still refused); InputPathError otherwise."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputPathError(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read().decode("utf-8")
+    finally:
+        os.close(fd)
+
+
 def _make_parent(p: Path) -> None:
     try:
         p.parent.mkdir(parents=True, exist_ok=True)

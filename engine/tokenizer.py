@@ -69,6 +69,11 @@ class HFTokenizer:
 
     def __init__(self, path: Path):
         from tokenizers import Tokenizer
+        from kog.fsutil import InputPathError, check_input_file
+        try:
+            check_input_file(path, "tokenizer")
+        except InputPathError as e:
+            raise ConfigError(str(e)) from None
         try:
             self.tok = Tokenizer.from_file(str(path))
         except Exception as e:

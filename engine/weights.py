@@ -115,10 +115,15 @@ def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 # ---- checkpoint loading -----------------------------------------------------------------------------------
 
 def _read_json(path: Path, what: str) -> dict:
+    from kog.fsutil import InputPathError, read_regular_text
     try:
-        text = path.read_text()
+        text = read_regular_text(path, what)
+    except InputPathError as e:
+        raise ConfigError(str(e)) from None
     except OSError as e:
         raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not UTF-8 text") from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
@@ -132,14 +137,14 @@ def read_config(ckpt: str | os.PathLike) -> ModelConfig:
     """ModelConfig of a checkpoint directory (config.json, plus generation_config.json's EOS ids if present)."""
     d = Path(ckpt)
     cp = d / "config.json"
-    if not cp.is_file():
+    if not cp.exists():
         raise ConfigError(f"checkpoint {d}: no config.json")
     raw = _read_json(cp, "config")
     cfg = ModelConfig.from_hf(raw, name=d.resolve().name)
     gp = d / "generation_config.json"
     if gp.is_file():
         try:
-            g = json.loads(gp.read_text())
+            g = _read_json(gp, "generation config")
             eos = g.get("eos_token_id")
             extra = eos if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
             ids = tuple(dict.fromkeys([*cfg.eos_token_id, *(int(e) for e in extra)]))
@@ -161,8 +166,13 @@ def _tensor_index(d: Path) -> dict[str, Path]:
     if not files:
         raise ConfigError(f"checkpoint {d}: no *.safetensors files (and no model.safetensors.index.json)")
     from safetensors import safe_open
+    from kog.fsutil import InputPathError, check_input_file
     out: dict[str, Path] = {}
     for f in files:
+        try:
+            check_input_file(f, "safetensors file")
+        except InputPathError as e:
+            raise ConfigError(str(e)) from None
         try:
             with safe_open(str(f), framework="pt") as h:
                 for k in h.keys():

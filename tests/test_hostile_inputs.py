@@ -67,6 +67,23 @@ def _fifo(tmp: Path) -> Path:
     return p
 
 
+def _fifo_in_ckpt(name: str) -> Callable[[Path], Path]:
+    """A checkpoint whose file `name` is a FIFO: a plain read of it would block forever."""
+    def make(tmp: Path) -> Path:
+        d = _ckpt(tmp, "ff-" + name.split(".")[0])
+        (d / name).unlink()
+        os.mkfifo(d / name)
+        return d
+    return make
+
+
+def _tuned_fifo(tmp: Path) -> Path:
+    d = tmp / "tuned-fifo"
+    d.mkdir()
+    os.mkfifo(d / "tuned.json")
+    return d
+
+
 def _symlink(tmp: Path) -> Path:
     (tmp / "victim.txt").write_text("keep me")
     p = tmp / "link.html"
@@ -122,6 +139,9 @@ SETUPS: dict[str, Callable[[Path], object]] = {
     "ckpt_nan_embed": lambda t: _ckpt(t, "ne", tensor=("model.embed_tokens.weight", 0, float("-inf"))),
     "ckpt_big_tokenizer": _with_tokenizer,
     "fifo": _fifo,
+    "ckpt_fifo_config": _fifo_in_ckpt("config.json"),
+    "ckpt_fifo_weights": _fifo_in_ckpt("model.safetensors"),
+    "tuned_fifo": _tuned_fifo,
     "symlink": _symlink,
     "file": _a_file,
     "bench_json_corrupt": _bench_json_corrupt,
@@ -257,6 +277,11 @@ CASES = [
     Case("search-unknown-model", _search("--model", "nope-7b"), words=("unknown model", "nope-7b")),
     Case("replay-text-in-tok-per-s", ["kogtune", "replay", "{csv_text}"], words=("row 2", "tok_per_s", "fast")),
     Case("replay-missing-file", ["kogtune", "replay", "{tmp}/none.parquet"], words=("no such sweep",)),
+    # ---- inputs that are FIFOs: refused by name, never read (a read would block forever) -----------------
+    Case("replay-fifo", ["kogtune", "replay", "{fifo}"], words=("sweep table", "FIFO"), after=_still_fifo),
+    Case("config-json-fifo", _gen("{ckpt_fifo_config}"), words=("config", "FIFO")),
+    Case("safetensors-fifo", _gen("{ckpt_fifo_weights}"), words=("safetensors", "FIFO")),
+    Case("tuned-json-fifo", ["kogtune", "show"], env={"KOG_TUNED_DIR": "{tuned_fifo}"}, words=("tuned-config store", "FIFO")),
 ]
 
 
@@ -267,7 +292,7 @@ def _fill(s: str, values: dict) -> str:
 
 
 def _needed(case: Case) -> list[str]:
-    text = " ".join(case.argv or []) + " " + getattr(case.call, "__qualname__", "")
+    text = " ".join([*(case.argv or []), *case.env.values()]) + " " + getattr(case.call, "__qualname__", "")
     keys = [k for k in SETUPS if "{" + k + "}" in text]
     for cell in (case.call.__closure__ or ()) if case.call else ():
         if isinstance(cell.cell_contents, str) and cell.cell_contents in SETUPS:
@@ -294,11 +319,11 @@ def test_hostile_input(case: Case, tmp_path, monkeypatch, capsys):
     if case.needs_non_root and os.geteuid() == 0:
         pytest.skip("running as root: permissions do not apply")
     (tmp_path / "f").write_text("a file where a folder should be")
-    for k, v in case.env.items():
-        monkeypatch.setenv(k, _fill(v, {"tmp": tmp_path}))
     values: dict = {"tmp": tmp_path}
     for k in _needed(case):
         values[k] = SETUPS[k](tmp_path)
+    for k, v in case.env.items():
+        monkeypatch.setenv(k, _fill(v, values))
     capsys.readouterr()
     if case.argv is not None:
         tool, *argv = [_fill(a, values) for a in case.argv]

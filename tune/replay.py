@@ -26,6 +26,8 @@ def load_sweep(path: str | Path):
     p = Path(path)
     if not p.exists():
         raise UsageError(f"no such sweep table: {p}")
+    from kog.fsutil import check_input_file
+    check_input_file(p, "sweep table")
     try:
         df = pd.read_csv(p) if p.suffix == ".csv" else pd.read_parquet(p)
     except Exception as e:

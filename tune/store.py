@@ -59,13 +59,16 @@ def _load(path: Path, user_store: bool = True) -> dict[str, Any]:
     (tuned.json.corrupt-<n>, named in a warning) so the next save cannot overwrite what it held; kog's own
     BUILTIN file is never moved."""
     empty = {"format": "kog-tuned", "entries": {}}
+    from kog.fsutil import InputPathError, read_regular_text
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(read_regular_text(path, "tuned-config store"))
         if not isinstance(d, dict) or not isinstance(d.get("entries"), dict):
             raise ValueError("not a kog tuned-config store: no 'entries' object")
         return d
     except FileNotFoundError:
         return empty
+    except InputPathError:      # a FIFO or device where the store should be: named, never moved or read
+        raise
     except Exception as e:
         if user_store:
             from kog.fsutil import set_aside_corrupt
