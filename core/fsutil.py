@@ -110,6 +110,16 @@ def _fsync_dir(d: Path) -> None:
         pass
 
 
+def _discard(tmp: str, p: Path, e: BaseException) -> None:
+    """A write to `p` failed with `e`: remove its temp file; an OSError becomes one OutputPathError line."""
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    if isinstance(e, OSError) and not isinstance(e, OutputPathError):
+        raise OutputPathError(f"cannot write {p}: {e.strerror or e}") from None
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` atomically (see the module docstring); OutputPathError for a path kog must
     not replace or a folder it cannot write."""
@@ -128,12 +138,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         check_output_path(p)      # something put at the path meanwhile is not replaced either
         os.replace(tmp, p)
     except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError) and not isinstance(e, OutputPathError):
-            raise OutputPathError(f"cannot write {p}: {e.strerror or e}") from None
+        _discard(tmp, p, e)
         raise
     _fsync_dir(p.parent)
     return p
@@ -161,12 +166,7 @@ def atomic_output(path: str | os.PathLike):
         check_output_path(p)
         os.replace(tmp, p)
     except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError) and not isinstance(e, OutputPathError):
-            raise OutputPathError(f"cannot write {p}: {e.strerror or e}") from None
+        _discard(tmp, p, e)
         raise
     _fsync_dir(p.parent)
 
