@@ -34,7 +34,8 @@ BUNDLED_BENCH_RUN = Path(__file__).resolve().parent / "data" / "h200_bench_run"
 
 def bundled_bench() -> Path:
     """The `kogtune bench` run recorded on the lent H200 that ships with kog: its run directory when the
-    package has it, else the bench JSON (a copy of bench/h200/llama-3.2-1b.json)."""
+    package has it, else that run's bench JSON. It is a whole run of the llama-3.2-1b preset (the report
+    names its commit); bench/h200/llama-3.2-1b.json can be a newer bench of the same preset."""
     if (BUNDLED_BENCH_RUN / "meta.json").is_file():
         return BUNDLED_BENCH_RUN
     if not BUNDLED_BENCH.is_file():

@@ -1,5 +1,5 @@
-"""The bundled H200 bench (`kogtune report --bundled`): the package copy is the committed bench JSON, and
-its engine report shows every system against the bandwidth limit, the grid-sync vs targeted-wait
+"""The bundled H200 bench (`kogtune report --bundled`): a whole `kogtune bench` run directory of the
+committed preset (its JSON, tables and the instrumented run's timeline), and its engine report shows every system against the bandwidth limit, the grid-sync vs targeted-wait
 breakdown, the grid-sync share against the published 35%, and the per-phase table."""
 from __future__ import annotations
 
@@ -20,16 +20,21 @@ def sections(html: str) -> dict[str, str]:
     return {p.split('"', 1)[0]: p for p in parts}
 
 
-def test_bundled_bench_is_the_committed_bench():
+def test_bundled_bench_is_a_whole_run_of_the_committed_preset():
     if not COMMITTED.exists():
-        pytest.fail(f"{COMMITTED.relative_to(REPO)} is missing: the bundled bench must be a copy of it")
+        pytest.fail(f"{COMMITTED.relative_to(REPO)} is missing: the bundled bench is a run of its preset")
     committed = json.loads(COMMITTED.read_text())
-    assert json.loads(BUNDLED_BENCH.read_text()) == committed, (
-        "the package's bundled bench differs from the committed one: "
-        f"cp {COMMITTED.relative_to(REPO)} reports/data/{BUNDLED_BENCH.name}")
-    # the bundled run directory is that same bench, with its instrumented run's timeline
+    bundled = json.loads(BUNDLED_BENCH.read_text())
+    # the JSON beside the run directory is that run's own bench.json: a report of either shows one run
+    assert bundled == json.loads((BUNDLED_BENCH_RUN / "bench.json").read_text()), (
+        f"cp reports/data/{BUNDLED_BENCH_RUN.name}/bench.json reports/data/{BUNDLED_BENCH.name}")
+    # a run of the committed preset, on the same card, with every system the committed bench has; it
+    # may trail the newest bench/h200 file when a bench did not bring its run directory back
+    for key in ("model", "dtype", "prompt_tokens", "new_tokens", "weight_bytes_per_token", "model_shapes"):
+        assert bundled[key] == committed[key], key
+    assert bundled["device"]["name"] == committed["device"]["name"]
+    assert set(bundled["systems"]) == set(committed["systems"])
     assert bundled_bench() == BUNDLED_BENCH_RUN
-    assert json.loads((BUNDLED_BENCH_RUN / "bench.json").read_text()) == committed
     from kog.runstore import open_run
     run = open_run(BUNDLED_BENCH_RUN)
     assert run.kind == "bench" and run.status == "complete" and run.has_table("timeline")
@@ -60,7 +65,7 @@ def bundled_html(tmp_path_factory):
 
 def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
     path, html = bundled_html
-    doc = json.loads(COMMITTED.read_text())
+    doc = json.loads(BUNDLED_BENCH.read_text())
     secs = sections(html)
     assert tuple(secs) == ("overview", "throughput", "breakdown", "critical-path", "sync-share", "timeline")
     assert "NVIDIA H200" in html and "llama-3.2-1b" in html
