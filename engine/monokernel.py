@@ -34,6 +34,10 @@ class MonokernelError(KogError):
     """The kernel reported an error (a wait timed out): the message names the counter and the task."""
 
 
+class EngineMemoryError(KogError):
+    """The GPU ran out of memory while an engine was built; what the build had allocated is freed."""
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -150,10 +154,24 @@ class Monokernel:
     def __init__(self, cfg: ModelConfig, weights, ecfg: EngineConfig | None = None, device=None,
                  max_seq: int | None = None, sm_partition: dict[int, int] | None = None,
                  trace_tokens: int = 0, compile_only: bool = False, attn_stamps: bool = False):
-        from kog.engine.reference import Reference
         if self.CHECK_WEIGHTS:
             from kog.engine.weights import check_weights
             check_weights(cfg, weights)       # a missing, misshapen or NaN tensor: one line, before any packing
+        try:
+            self._build(cfg, weights, ecfg, device, max_seq, sm_partition, trace_tokens, compile_only, attn_stamps)
+            return
+        except torch.OutOfMemoryError as e:
+            what = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+        # outside the handler: the error's traceback (and the frames holding partial buffers) is gone, so
+        # dropping this engine's own references frees everything the build allocated
+        self.__dict__.clear()
+        _release_gpu_memory()
+        raise EngineMemoryError(f"out of GPU memory building the engine ({what}); nothing was kept: use a smaller "
+                                f"max_seq, free the GPU, or pick a card with more memory")
+
+    def _build(self, cfg, weights, ecfg, device, max_seq, sm_partition, trace_tokens, compile_only,
+               attn_stamps) -> None:
+        from kog.engine.reference import Reference
         self.cfg = cfg
         self.ecfg = ecfg or EngineConfig()
         self.vendor = vendor_code()
@@ -626,6 +644,13 @@ def check_launch(rows: int, first_token: int, pos0: int, n: int, temperature: fl
         raise ConfigError(f"top_k must be >= 0 and top_p in (0, 1] (got {top_k}, {top_p})")
     if not SEED_RANGE[0] <= int(seed) < SEED_RANGE[1]:
         raise ConfigError(f"seed must be in [0, 2**63) (got {seed})")
+
+
+def _release_gpu_memory() -> None:
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _launch_thread(mk: Monokernel, args, opts):

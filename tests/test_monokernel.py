@@ -109,6 +109,31 @@ def test_a_wait_that_can_never_complete_is_an_error_not_a_hang():
         mk.generate([5, 6, 7], 2)
 
 
+def test_out_of_memory_at_build_is_one_line_and_frees_what_the_build_allocated(monkeypatch):
+    """The GPU running out of memory half way through a build (faked after the weights are packed): one line
+    naming it, and no buffer the build allocated stays reachable (tests/gpu/test_faults_gpu.py does it for real)."""
+    import gc
+    import weakref
+
+    from kog.engine.monokernel import EngineMemoryError
+    packed = []
+
+    def alloc_then_fail(self, partials=False):
+        packed.append(weakref.ref(self.wbuf))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.\nmore detail")
+
+    monkeypatch.setattr(Monokernel, "_alloc", alloc_then_fail)
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    with pytest.raises(EngineMemoryError) as err:
+        Monokernel(TINY, w, SMALL_TILES, max_seq=64)
+    msg = str(err.value)
+    assert "\n" not in msg and "out of GPU memory" in msg and "Tried to allocate 20.00 GiB" in msg
+    assert "out of memory" in msg            # what kogtune's trial isolation files as an "oom" trial
+    del err
+    gc.collect()
+    assert packed and packed[0]() is None
+
+
 def test_block_k_not_dividing_the_rows():
     """K chunks that overhang the matrices (block_k 128 > hidden 64): the masked first-chunk and in-task
     loads must read nothing past a row."""
