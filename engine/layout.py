@@ -63,6 +63,8 @@ S_ARR = 1024            # arrivals of attention splits, one word per (layer, KV 
 # ---- what a timed-out wait names in the error record (err = [1, what, task, target, value]) -----------------------
 # what >= 0: a readiness counter. Peer flags of tensor parallelism: E_FLAG - flag index.
 E_TOKEN, E_BARRIER, E_RENDEZVOUS, E_RING, E_TAG, E_SAMPLE = -1, -2, -3, -4, -5, -6
+# not a wait: the token pick found no token (every logit NaN), err = [1, E_LOGITS, -1, step, picked id]
+E_LOGITS = -7
 E_FLAG = -16
 
 # ---- the weight ring's shared memory (kernel/ring.py) ---------------------------------------------------------------

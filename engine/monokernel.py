@@ -477,6 +477,10 @@ class Monokernel:
         if err[0] == 0:
             return
         what, task, target, value = err[1:5]
+        if what == LY.E_LOGITS:
+            raise MonokernelError(f"monokernel: no token could be picked at step {target} of the launch (picked id "
+                                  f"{value}): its logits were not finite (NaN activations); the kernel aborted "
+                                  f"instead of emitting a garbage token")
         raise MonokernelError(f"monokernel: a wait timed out on {self._describe_counter(what)} in "
                               f"{self._describe_task(task)} (counter {value} < target {target}); the kernel aborted "
                               f"instead of hanging")

@@ -109,6 +109,23 @@ def test_a_wait_that_can_never_complete_is_an_error_not_a_hang():
         mk.generate([5, 6, 7], 2)
 
 
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_logits_that_pick_no_token_abort_instead_of_indexing_past_the_embedding(mode):
+    """NaN in the streamed weights after the build (garbage activations do the same): every logit is NaN, and
+    each tile's best stays its initial (-inf, id 0), a silent token 0. The kernel records it and aborts; the
+    host names the step."""
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(TINY, w, SMALL_TILES.replace(mode=mode), max_seq=64)
+    mk.n_eos = 0
+    clean, _ = mk.generate([5, 6, 7], 3)
+    packed = mk.wbuf.clone()
+    mk.wbuf.fill_(float("nan"))
+    with pytest.raises(MonokernelError, match=r"no token could be picked at step 0 .*not finite"):
+        mk.generate([5, 6, 7], 3)
+    mk.wbuf.copy_(packed)
+    assert mk.generate([5, 6, 7], 3)[0] == clean          # the next launch on the same engine is clean
+
+
 def test_out_of_memory_at_build_is_one_line_and_frees_what_the_build_allocated(monkeypatch):
     """The GPU running out of memory half way through a build (faked after the weights are packed): one line
     naming it, and no buffer the build allocated stays reachable (tests/gpu/test_faults_gpu.py does it for real)."""

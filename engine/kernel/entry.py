@@ -20,12 +20,12 @@ import triton.language as tl
 from kog.engine.kernel.attention import attention_task
 from kog.engine.kernel.exchange import exchange_task, pick_across_ranks
 from kog.engine.kernel.gemv import XCache
-from kog.engine.kernel.names import (E_RENDEZVOUS, E_TOKEN, HEAD_EARLY_BIT, HEAD_LAYER_SHIFT, HEAD_POINT_BIT,
-                                     HEAD_TYPE_MASK, ROW_BLOCK, ROW_WORDS, S_DONE, S_NTOK, S_SAMPLE, S_SLOT, S_STOP,
-                                     S_TOK, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
+from kog.engine.kernel.names import (E_LOGITS, E_RENDEZVOUS, E_TOKEN, HEAD_EARLY_BIT, HEAD_LAYER_SHIFT,
+                                     HEAD_POINT_BIT, HEAD_TYPE_MASK, ROW_BLOCK, ROW_WORDS, S_DONE, S_NTOK, S_SAMPLE,
+                                     S_SLOT, S_STOP, S_TOK, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
 from kog.engine.kernel.ring import RingCursor, RingSpan, ring_close, ring_fill, ring_open, row_read, rows_load, rows_store
 from kog.engine.kernel.sampling import Filter, filtered_pick, filtered_reset, tile_best
-from kog.engine.kernel.sync import Pending, Waits, grid_barrier, publish, publish_before, spin_until
+from kog.engine.kernel.sync import Pending, Waits, grid_barrier, publish, publish_before, record_abort, spin_until
 from kog.engine.kernel.tasks import Best, StreamState, gate_up_task, lm_task, qkv_task, residual_task
 from kog.engine.kernel.trace import trace_task
 from kog.engine.kernel.vendor import global_time_ns, sm_id
@@ -206,6 +206,7 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
             filtered_reset(_filter(ac, sy, M, C))
         if run.force != 0:
             t = tl.load(ac.forced + tok.step + 1)
+        t = _checked_token(t, b, run.force, tok, sy, M, C)
         er = tl.arange(0, 8)
         eos = tl.load(ac.eos + er, mask=er < run.n_eos, other=-1)
         if tl.sum((eos == t).to(tl.int32), axis=0) > 0:
@@ -223,6 +224,22 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
         # the token goes to host memory (the launcher's pinned buffer, for the host to read while the launch
         # runs) only after the next token is released: the write crosses the bus, off the critical path
         tl.store(ac.out + tok.step, t)
+
+
+@triton.jit
+def _checked_token(t, b, force, tok, sy, M, C):
+    """The picked token, or 0 with the launch aborted (E_LOGITS) when the pick found no token: its best score
+    NaN or -inf (every logit NaN: each tile keeps its initial -inf and id 0, a silent token 0 otherwise), or an
+    id outside the vocabulary, which would index the embedding out of bounds. A tensor-parallel rank checks
+    the id only (a rank's padded vocabulary slice may hold no finite logit); a forced token is the host's."""
+    if C.TP:
+        bad = (t < 0) | (t >= C.VR)
+    else:
+        bad = (t < 0) | (t >= M.V) | ((force == 0) & ((b != b) | (b == float("-inf"))))
+    if bad:
+        record_abort(sy, E_LOGITS, -1, tok.step, t)
+        t = 0
+    return t
 
 
 @triton.jit

@@ -85,6 +85,7 @@ def _record(key: str, value: dict) -> None:
         return
     doc = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
     doc.setdefault("device", torch.cuda.get_device_name())
+    doc.setdefault("git_commit", os.environ.get("KOG_GIT_COMMIT"))
     doc.setdefault("cases", {})[key] = value
     Path(path).write_text(json.dumps(doc, indent=1))
 
