@@ -31,7 +31,8 @@ from kog.errors import KogError
 
 
 class MonokernelError(KogError):
-    """The kernel reported an error (a wait timed out): the message names the counter and the task."""
+    """The kernel reported an error: a wait timed out (the message names the counter and the task) or a
+    token pick found no token (the message names the step)."""
 
 
 class EngineMemoryError(KogError):
