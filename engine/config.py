@@ -31,6 +31,15 @@ class ConfigError(UsageError):
     """A checkpoint or config kog cannot run; the message names the field or tensor."""
 
 
+def check_checkpoint_file(path, what: str) -> None:
+    """kog.fsutil.check_input_file for a file of a checkpoint: a FIFO or device node there is a ConfigError."""
+    from kog.fsutil import InputPathError, check_input_file
+    try:
+        check_input_file(path, what)
+    except InputPathError as e:
+        raise ConfigError(str(e)) from None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str                         # "llama" | "mistral" | "qwen2" | "qwen3"

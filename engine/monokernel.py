@@ -166,7 +166,7 @@ class Monokernel:
         # outside the handler: the error's traceback (and the frames holding partial buffers) is gone, so
         # dropping this engine's own references frees everything the build allocated
         self.__dict__.clear()
-        _release_gpu_memory()
+        release_gpu_memory()
         raise EngineMemoryError(f"out of GPU memory building the engine ({what}); nothing was kept: use a smaller "
                                 f"max_seq, free the GPU, or pick a card with more memory")
 
@@ -651,7 +651,8 @@ def check_launch(rows: int, first_token: int, pos0: int, n: int, temperature: fl
         raise ConfigError(f"seed must be in [0, 2**63) (got {seed})")
 
 
-def _release_gpu_memory() -> None:
+def release_gpu_memory() -> None:
+    """Collect what nothing references any more and hand the GPU allocator's cached blocks back."""
     import gc
     gc.collect()
     if torch.cuda.is_available():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kog.engine.config import ConfigError, ModelConfig
+from kog.engine.config import ConfigError, ModelConfig, check_checkpoint_file
 
 BYTE_OFFSET = 3          # ids 0..2 stay free for pad/bos/eos, as byte-level vocabularies usually have them
 
@@ -69,11 +69,7 @@ class HFTokenizer:
 
     def __init__(self, path: Path):
         from tokenizers import Tokenizer
-        from kog.fsutil import InputPathError, check_input_file
-        try:
-            check_input_file(path, "tokenizer")
-        except InputPathError as e:
-            raise ConfigError(str(e)) from None
+        check_checkpoint_file(path, "tokenizer")
         try:
             self.tok = Tokenizer.from_file(str(path))
         except Exception as e:

@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 import torch
 
-from kog.engine.config import COMPUTE_DTYPES, DTYPES, PRESETS, ConfigError, ModelConfig, preset
+from kog.engine.config import COMPUTE_DTYPES, DTYPES, PRESETS, ConfigError, ModelConfig, check_checkpoint_file, preset
 
 # safetensors dtype strings a checkpoint tensor may be stored in; each is cast to the model dtype on load.
 _STORAGE_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
@@ -166,13 +166,9 @@ def _tensor_index(d: Path) -> dict[str, Path]:
     if not files:
         raise ConfigError(f"checkpoint {d}: no *.safetensors files (and no model.safetensors.index.json)")
     from safetensors import safe_open
-    from kog.fsutil import InputPathError, check_input_file
     out: dict[str, Path] = {}
     for f in files:
-        try:
-            check_input_file(f, "safetensors file")
-        except InputPathError as e:
-            raise ConfigError(str(e)) from None
+        check_checkpoint_file(f, "safetensors file")
         try:
             with safe_open(str(f), framework="pt") as h:
                 for k in h.keys():

@@ -349,10 +349,8 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
                "runs_tok_per_s": [], **{k: v for k, v in rec.items() if k == "setup_seconds"}}
     finally:
         del sysobj
-        import gc
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        from kog.engine.monokernel import release_gpu_memory
+        release_gpu_memory()
     return rec
 
 
