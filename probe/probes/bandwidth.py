@@ -37,9 +37,9 @@ def read_kernel(x_ptr, out_ptr, counter_ptr, n_chunks, n_sms, USE_ASM: tl.conste
         c = tl.atomic_add(counter_ptr, UNROLL)
         while c < n_chunks:
             for u in tl.static_range(UNROLL):
+                # a whole chunk or none: a scalar mask keeps the loads 16-byte vectors
                 offs = (c + u).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-                acc += tl.load(x_ptr + offs, mask=offs < n_chunks.to(tl.int64) * BLOCK, other=0.0,
-                               cache_modifier=".cg", eviction_policy="evict_first")
+                acc += tl.load(x_ptr + offs, mask=c + u < n_chunks, other=0.0, cache_modifier=".cg")
             c = tl.atomic_add(counter_ptr, UNROLL)
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
@@ -52,9 +52,9 @@ def copy_kernel(x_ptr, y_ptr, counter_ptr, n_chunks, n_sms, USE_ASM: tl.constexp
         while c < n_chunks:
             for u in tl.static_range(UNROLL):
                 offs = (c + u).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-                m = offs < n_chunks.to(tl.int64) * BLOCK
-                tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m, cache_modifier=".cg",
-                                               eviction_policy="evict_first"), mask=m, cache_modifier=".cs")
+                m = c + u < n_chunks
+                tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m, cache_modifier=".cg"), mask=m,
+                         cache_modifier=".cs")
             c = tl.atomic_add(counter_ptr, UNROLL)
 
 

@@ -2,7 +2,8 @@
 KOG_BENCH_OUT=path.json every summary is merged into that JSON).
 
 memcheck, racecheck and synccheck, each over both sync modes with and without the weight ring, on a small
-model and on llama-3.2-1b's shapes (random bf16 weights), a few tokens each. Every case must report zero
+model (a 7-token prompt, 4 new tokens) and on llama-3.2-1b's shapes (random bf16 weights; a 2-token prompt, 2
+new tokens: racecheck runs the kernel about a hundred times slower). Every case must report zero
 errors and give the tokens of the same launch run without the sanitizer. The kernels are compiled once by
 that plain run (Triton's cache), so the sanitized processes only load them. Waits are bounded at 600 s:
 instrumented kernels run orders of magnitude slower, and a wait that ends early would be a false abort.
@@ -41,9 +42,11 @@ if model == "small":
     cfg = PRESETS["tiny"].replace(eos_token_id=(), hidden_size=512, intermediate_size=1024, num_heads=8,
                                    num_kv_heads=2, head_dim=64, vocab_size=4096, num_layers=3)
     tiles = dict(block_k=256, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8, bn_lm=8)
-else:
+    prompt, n = list(range(11, 19)), 4
+else:     # a real model's shapes: one prefill step and two decode steps (racecheck runs them ~100x slower)
     cfg = PRESETS[model].replace(eos_token_id=())
     tiles = {}
+    prompt, n = [11, 12], 2
 w = random_weights(cfg, "cuda", seed=4, dtype=torch.bfloat16)
 out = {}
 for mode in ("targeted", "grid"):
@@ -51,7 +54,7 @@ for mode in ("targeted", "grid"):
         mk = Monokernel(cfg, w, EngineConfig(mode=mode, weight_ring=ring, wait_timeout_s=600.0, **tiles),
                         max_seq=64)
         mk.n_eos = 0
-        out[f"{mode}/ring{ring}"] = mk.generate(list(range(11, 19)), 4)[0]
+        out[f"{mode}/ring{ring}"] = mk.generate(prompt, n)[0]
         del mk
         torch.cuda.synchronize()
 print("TOKENS " + json.dumps(out))
