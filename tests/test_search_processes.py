@@ -21,7 +21,8 @@ import pytest
 from kog.tune.search import open_storage
 
 RUNNING, WAITING = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING
-BOUND_S = 240          # a generous bound for a loaded 2-core machine: polls end as soon as the state is reached
+BOUND_S = 600          # a generous bound for a loaded 2-core machine: polls end as soon as the state is reached
+POLL_S = 0.25          # between polls: the searches under test need the (maybe two) cores more than the test
 
 DRIVER = textwrap.dedent("""
     import argparse, json, sys
@@ -96,13 +97,20 @@ def _poll(cond, what: str, bound: float = BOUND_S, proc: subprocess.Popen | None
         if proc is not None and proc.poll() is not None:
             out, err = proc.communicate()
             pytest.fail(f"the search ended (rc {proc.returncode}) before {what}: {err[-2000:]}")
-        time.sleep(0.1)
+        time.sleep(POLL_S)
     pytest.fail(f"not reached within {bound} s: {what}")
 
 
+_STORAGES: dict[str, object] = {}
+
+
 def _trials(storage: str, study: str):
+    # one storage per URL: opening one per poll (engine, schema check) took a loaded machine's CPU from the
+    # searches being watched
     try:
-        return optuna.load_study(study_name=study, storage=open_storage(storage)).get_trials(deepcopy=False)
+        if storage not in _STORAGES:
+            _STORAGES[storage] = open_storage(storage)
+        return optuna.load_study(study_name=study, storage=_STORAGES[storage]).get_trials(deepcopy=False)
     except Exception:        # not created yet, or the database is busy: poll again
         return []
 
