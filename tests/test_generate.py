@@ -225,7 +225,11 @@ def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
                                 cpu_for_tests=True)
     assert set(out) == {"device", "date", "git_commit", "source_digest", "versions", "model", "dtype", "prompt_tokens",
                         "new_tokens", "copy_GBps", "weight_bytes_per_token", "limit_tok_per_s",
-                        "max_rel_err_oracle", "reference_max_rel_err_vs_fp32", "reference_first_divergence_oracle", "model_shapes", "systems"}
+                        "max_rel_err_oracle", "reference_max_rel_err_vs_fp32", "reference_first_divergence_oracle", "model_shapes", "systems", "wall_seconds"}
+    ws = out["wall_seconds"]
+    assert set(ws) == {"model", "copy", "reference", "systems", "total"} and all(v >= 0 for v in ws.values())
+    assert ws["systems"] == pytest.approx(sum(r["wall_seconds"] for r in out["systems"].values()), abs=1e-2)
+    assert ws["total"] >= ws["systems"] + ws["reference"] - 0.01     # each figure rounded to 1 ms
     assert out["limit_tok_per_s"] == pytest.approx(out["copy_GBps"] * 1e9 / out["weight_bytes_per_token"])
     s = out["systems"]
     assert s["reference-eager"]["tok_per_s"] > 0 and s["reference-eager"]["first_divergence"] is None

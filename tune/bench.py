@@ -279,6 +279,7 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
     import torch
     rec: dict[str, Any] = {}
     sysobj = None
+    t_start = time.perf_counter()
     try:
         t0 = time.perf_counter()
         sysobj = factory(cfg, weights, device)
@@ -351,6 +352,8 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
         del sysobj
         from kog.engine.monokernel import release_gpu_memory
         release_gpu_memory()
+    # build, warm-up, timed runs, correctness gate and breakdown: what this system adds to the bench's wall
+    rec["wall_seconds"] = round(time.perf_counter() - t_start, 3)
     return rec
 
 
@@ -387,7 +390,9 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
     known = available_systems()
     names = _systems_arg(systems, known)
     device = torch.device("cpu") if cpu_for_tests else torch.device("cuda", dev_info.index)
+    t_bench = time.perf_counter()
     cfg, w = resolve_model(model, device, seed=seed)
+    wall = {"model": time.perf_counter() - t_bench}
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, cfg.vocab_size, (prompt_tokens,), generator=g).tolist()
 
@@ -399,15 +404,19 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(), console=console, disable=not progress, transient=False) as bar:
         task = bar.add_task("copy bandwidth", total=2 + len(names) * (repeats + 1))
+        t0 = time.perf_counter()
         copy = _host_copy_GBps() if cpu_for_tests else copy_bandwidth_GBps(device)
+        wall["copy"] = time.perf_counter() - t0
         bar.advance(task)
         bar.update(task, description="reference tokens + logits")
+        t0 = time.perf_counter()
         ref_tokens, ref_logits = reference_greedy(cfg, w, prompt, tokens)
         ref32_logits, ref_vs_fp32, oracle_greedy = None, None, None
         if w.dtype != torch.float32:
             ref32_logits = reference_fp32_logits(cfg, w, prompt, ref_tokens)
             ref_vs_fp32 = max_rel_err(ref_logits, ref32_logits)
             oracle_greedy = reference_greedy(cfg, w, prompt, tokens, compute_dtype=torch.float32)
+        wall["reference"] = time.perf_counter() - t0
         bar.advance(task)
         wbpt = cfg.weight_bytes_per_token()
         results: dict[str, dict] = {}
@@ -447,6 +456,11 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
                              "qkv_size": cfg.qkv_size, "q_size": cfg.q_size, "num_layers": cfg.num_layers,
                              "vocab_size": cfg.vocab_size, "bytes_per_weight": w["embed"].element_size()},
             "systems": results,
+            # where the bench's wall time went (seconds): the model's weights, the copy, the references, each
+            # system (its own wall_seconds), all of it; the report rendered afterwards is not included
+            "wall_seconds": {**{k: round(v, 3) for k, v in wall.items()},
+                             "systems": round(sum(r.get("wall_seconds", 0.0) for r in results.values()), 3),
+                             "total": round(time.perf_counter() - t_bench, 3)},
         }
         rows = [{"system": k, "tok_per_s": v.get("tok_per_s"), "max_rel_err": v.get("max_rel_err"),
                  "new_tokens": v.get("new_tokens"), "first_divergence": v.get("first_divergence"),
