@@ -226,6 +226,7 @@ def reports(tmp_path_factory):
     scan = synthetic.write_scan(store)
     scan_b = synthetic.write_scan(store, seed=1, scale=1.1, device_name="NVIDIA H100 80GB HBM3")
     partial = synthetic.write_scan(store, drop=("signal", "l2map", "barrier"), errors={"signal": "timeout"})
+    older = synthetic.write_scan(store, seed=2, summary_drop=("launch_gpu_us",))   # a scan from before that figure
     bench = synthetic.write_bench(store, model="<script>alert(1)</script>")
     study = synthetic.write_study(store, n_trials=24)
     sim_study = synthetic.write_study(store, n_trials=16, simulated=True, name="sim-study")
@@ -239,6 +240,7 @@ def reports(tmp_path_factory):
         if (bundled / "meta.json").exists() else None,
         "scan": render_scan_report(scan, root / "scan.html"),
         "scan-partial": render_scan_report(partial, root / "partial.html"),
+        "scan-older": render_scan_report(older, root / "older.html"),
         "bench": render_bench_report(bench, root / "bench.html"),
         "study": render_study_report(study, root / "study.html"),
         "study-sim": render_study_report(sim_study, root / "study-sim.html"),
@@ -288,7 +290,7 @@ CARD_JS = """(() => { const tiles = [...document.querySelectorAll('#card .tile')
           viewport: window.innerHeight}; })()"""
 
 
-@pytest.mark.parametrize("name", ["scan", "bundled"])
+@pytest.mark.parametrize("name", ["scan", "scan-older", "bundled"])
 def test_scan_card_is_the_first_thing_seen(browser, reports, name):
     path = reports[name]
     if path is None:
@@ -300,10 +302,14 @@ def test_scan_card_is_the_first_thing_seen(browser, reports, name):
                       "flag one-way", "launch, GPU", "launch, host"]
     assert all(t["w"] > 100 and t["h"] > 30 and t["value"].strip() for t in v["tiles"])
     assert v["cardTop"] < v["viewport"]                         # above the fold, without scrolling
-    if name == "bundled":                                       # the old scan: what it lacks is said
-        values = {t["label"]: t["value"] for t in v["tiles"]}
+    values = {t["label"]: t["value"] for t in v["tiles"]}
+    if name == "scan-older":                                    # what a scan lacks is said
         assert values["launch, GPU"] == "not measured in this scan"
-        assert values["SMs to saturate HBM"].endswith("of 132")
+    if name == "bundled":                                       # the card shows the scan's own figures
+        from kog.probe.scan import bundled_scan_path
+        summary = json.loads((bundled_scan_path() / "summary.json").read_text())
+        assert float(values["launch, GPU"].split()[0]) == pytest.approx(summary["launch_gpu_us"], abs=0.01)
+        assert values["SMs to saturate HBM"].startswith(f"{summary['sms_to_saturate_hbm']} of 132")
 
 
 TABLE_JS = """(() => { const sec = id => document.getElementById(id);
