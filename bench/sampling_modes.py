@@ -17,6 +17,7 @@ from kog.engine.config import PRESETS
 from kog.engine.kernel import monokernel as kernel
 from kog.engine.monokernel import Monokernel
 from kog.engine.weights import random_weights
+from kog.probe.probes.common import kernel_footprint
 from kog.tune.store import tuned_config
 
 PROMPT, NEW, MAX_SEQ, RUNS = list(range(100, 164)), 256, 384, 5
@@ -30,7 +31,8 @@ def compiled_variants() -> dict[int, tuple]:
     for cache in kernel.device_caches.values():
         for key, k in cache[0].items():
             k._init_handles()
-            out[hash(key)] = (k.n_regs, k.n_spills, k.metadata.shared)
+            f = kernel_footprint(k)
+            out[hash(key)] = (f["regs"], f["spills"], f["smem"])
     return out
 
 
