@@ -160,12 +160,17 @@ def test_bench_without_gpu_is_one_line(capsys):
 
 def test_bench_system_records_errors_and_goes_on():
     from kog.tune.baselines import ReferenceEager
-    from kog.tune.bench import bench_system, reference_greedy
+    from kog.tune.bench import bench_system, reference_fp32_logits, reference_greedy
     cfg = preset("tiny").replace(dtype="float32")
     w = random_weights(cfg, "cpu", 0)
     prompt = [1, 2, 3, 4]
     toks, logits = reference_greedy(cfg, w, prompt, 6)
     assert toks == Reference(cfg, w, 16).greedy(prompt, 6)
+    # teacher forcing along other tokens: the Reference's own teacher_forced_logits, row for row
+    forced = [7, 3, 9, 1, 4, 2]
+    tf = reference_fp32_logits(cfg, w, prompt, forced)
+    oracle = Reference(cfg, w, len(prompt) + len(forced), compute_dtype=torch.float32)
+    assert torch.equal(tf, oracle.teacher_forced_logits(prompt, forced))
 
     class Broken:
         def __init__(self, *a):
@@ -219,13 +224,17 @@ def test_run_bench_pipeline_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setitem(bench._REGISTRY, "grid-traced", GridTraced)
     monkeypatch.setitem(bench._REGISTRY, "odd", OddPhases)
     monkeypatch.setattr(bench, "TIMELINE_ROWS_PER_SYSTEM", 100)
+    monkeypatch.setattr(bench, "HF_MAX_TOKENS", 3)
     out, path = bench.run_bench("tiny", tokens=5, prompt_tokens=6, repeats=2,
                                 systems="reference-eager,hf-transformers,kog-grid,traced,grid-traced,odd",
                                 runs_dir=str(tmp_path / "runs"), json_out=str(tmp_path / "b.json"), progress=False,
                                 cpu_for_tests=True)
     assert set(out) == {"device", "date", "git_commit", "source_digest", "versions", "model", "dtype", "prompt_tokens",
                         "new_tokens", "copy_GBps", "weight_bytes_per_token", "limit_tok_per_s",
-                        "max_rel_err_oracle", "reference_max_rel_err_vs_fp32", "reference_first_divergence_oracle", "model_shapes", "systems", "wall_seconds"}
+                        "max_rel_err_oracle", "reference_max_rel_err_vs_fp32", "reference_first_divergence_oracle", "model_shapes", "systems", "wall_seconds",
+                        "reduced_runs"}
+    # the slow baseline is timed over fewer tokens, and the JSON says so
+    assert out["reduced_runs"] == {"hf-transformers": {"new_tokens": 3, "repeats": 2}}
     ws = out["wall_seconds"]
     assert set(ws) == {"model", "copy", "reference", "systems", "total"} and all(v >= 0 for v in ws.values())
     assert ws["systems"] == pytest.approx(sum(r["wall_seconds"] for r in out["systems"].values()), abs=1e-2)

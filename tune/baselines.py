@@ -154,15 +154,14 @@ class TorchCompile:
         self.model = None
 
     def _decoder(self, need: int):
-        from kog.tune.gptfast import FusedDecoder, configure_inductor
+        from kog.tune.gptfast import FusedDecoder, inductor_settings
         if self.model is None or self.model.max_seq < need:
-            configure_inductor()
             self.model = FusedDecoder(self.cfg, self.w, _round_up(need))
             self.step = torch.compile(self.model.step, mode="reduce-overhead", fullgraph=True)
             tok = torch.zeros(1, dtype=torch.long, device=self.device)
             pos = torch.zeros(1, dtype=torch.long, device=self.device)
             t0 = time.perf_counter()
-            with torch.no_grad():
+            with torch.no_grad(), inductor_settings():    # the first calls compile
                 for _ in range(self.warmup_steps):   # compile, then let cudagraph trees record
                     tok.copy_(self.step(tok, pos))
                     pos.add_(1)

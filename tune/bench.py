@@ -44,7 +44,10 @@ BREAKDOWN_CATEGORIES = ("streaming", "waiting", "barrier", "other")
 # The instrumented run's trace goes into the run as table `timeline`: whole traced tokens, at most this
 # many rows per system (at least one token), so a bench run stays a few MB and its report draws quickly.
 TIMELINE_ROWS_PER_SYSTEM = 100_000
-HF_MAX_TOKENS = 64      # HF generate is slow at batch 1: its rate is measured over fewer tokens
+# HF generate without compile runs at a few dozen tok/s at batch 1: its rate is measured over fewer tokens and
+# runs, so the whole bench of every preset stays short (the JSON's `reduced_runs` says so)
+HF_MAX_TOKENS = 32
+HF_MAX_REPEATS = 3
 # a greedy token that leaves the reference's is accepted where the reference's top two logits there are
 # closer than this share of its largest |logit| (a near-tie: rounding decides, not a wrong model)
 NEAR_TIE = 2e-2
@@ -212,24 +215,62 @@ def _host_copy_GBps(nbytes: int = 64 << 20) -> float:
     return 2 * nbytes / statistics.median(ts) / 1e9
 
 
+def _graphed_step(ref, tok, pos):
+    """ref.decode_step(tok, pos) as float32 logits, captured once as a CUDA graph: a callable that replays it
+    and returns the graph's output tensor (the same kernels as the eager step, without a launch per op)."""
+    import torch
+    dev = ref.device
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):          # warm up on a side stream before capture, as PyTorch advises
+        for _ in range(2):
+            ref.decode_step(tok, pos)
+    torch.cuda.current_stream(dev).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ref.decode_step(tok, pos).float()
+
+    def step():
+        graph.replay()
+        return out
+    return step
+
+
+def decode_rows(ref, prompt: list[int], n: int, forced: list[int] | None = None):
+    """The prompt prefilled but its last token, then n decode steps of `ref` (a Reference) fed prompt[-1] and
+    then either its own greedy tokens (forced None) or forced[0..n-2] (teacher forcing): (greedy tokens [n],
+    logits [n, V] float32), row j predicting token j. On CUDA the step runs as one captured CUDA graph and
+    tokens stay on the device until the end."""
+    import torch
+    dev = ref.device
+    with torch.no_grad():
+        ref.reset()
+        if len(prompt) > 1:
+            ref.prefill(prompt[:-1])
+        tok = torch.tensor([prompt[-1]], dtype=torch.long, device=dev)
+        pos = torch.tensor([len(prompt) - 1], dtype=torch.long, device=dev)
+        step = _graphed_step(ref, tok, pos) if dev.type == "cuda" else (lambda: ref.decode_step(tok, pos).float())
+        feed = None if forced is None else torch.tensor(list(forced)[:n], dtype=torch.long, device=dev)
+        rows = None
+        for j in range(n):
+            lg = step()
+            if rows is None:
+                rows = torch.empty(n, lg.shape[-1], dtype=torch.float32, device=dev)
+            rows[j].copy_(lg)
+            tok.copy_(torch.argmax(rows[j]).view(1) if feed is None else feed[j].view(1))
+            pos.add_(1)
+        toks = torch.argmax(rows, dim=-1).tolist()
+    return toks, rows
+
+
 def reference_greedy(cfg, weights, prompt: list[int], n: int, compute_dtype=None):
     """The Reference's greedy tokens and its logits for them, along the decode path (teacher_forced_logits
     semantics): (tokens [n], logits [n, V] float32). compute_dtype=torch.float32: the oracle's."""
-    import torch
     from kog.engine.reference import Reference
     ref = Reference(cfg, weights, len(prompt) + n, compute_dtype=compute_dtype)
-    with torch.no_grad():
-        if len(prompt) > 1:
-            ref.prefill(prompt[:-1])
-        tok, rows, toks = prompt[-1], [], []
-        for j in range(n):
-            lg = ref.decode_step(tok, len(prompt) - 1 + j).float()
-            rows.append(lg)
-            tok = int(torch.argmax(lg))
-            toks.append(tok)
-    out = torch.stack(rows)
+    out = decode_rows(ref, list(prompt), n)
     del ref
-    return toks, out
+    return out
 
 
 def reference_fp32_logits(cfg, weights, prompt: list[int], forced: list[int]):
@@ -237,9 +278,8 @@ def reference_fp32_logits(cfg, weights, prompt: list[int], forced: list[int]):
     model-dtype rounding): the yardstick for how far any model-dtype implementation drifts."""
     import torch
     from kog.engine.reference import Reference
-    with torch.no_grad():
-        ref = Reference(cfg, weights, len(prompt) + len(forced), compute_dtype=torch.float32)
-        return ref.teacher_forced_logits(prompt, forced).float()
+    ref = Reference(cfg, weights, len(prompt) + len(forced), compute_dtype=torch.float32)
+    return decode_rows(ref, list(prompt), len(forced), forced=forced)[1]
 
 
 def _jsonable(v) -> bool:
@@ -282,7 +322,8 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
     t0 = time.perf_counter()
     try:
         sysobj = factory(cfg, weights, device)
-        n_sys = min(n, HF_MAX_TOKENS) if name == "hf-transformers" else n
+        slow = name == "hf-transformers"
+        n_sys, repeats = (min(n, HF_MAX_TOKENS), min(repeats, HF_MAX_REPEATS)) if slow else (n, repeats)
         sysobj.generate(prompt, n_sys)                       # warm-up: compile, capture, autotune
         rec["setup_seconds"] = round(time.perf_counter() - t0, 3)
         advance()
@@ -299,7 +340,8 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
             advance()
         rec["gpu_end"] = gpu_state(device)
         rec.update(tok_per_s=statistics.median(runs), tok_per_s_min=min(runs), tok_per_s_max=max(runs),
-                   runs_tok_per_s=runs, new_tokens=n_sys, seconds_per_token=1.0 / statistics.median(runs))
+                   runs_tok_per_s=runs, new_tokens=n_sys, repeats=len(runs),
+                   seconds_per_token=1.0 / statistics.median(runs))
         if ref_tokens is not None:
             rec.update(near_tie_agreement(tokens, ref_tokens, ref_logits))
         if oracle_greedy is not None:
@@ -455,6 +497,9 @@ def run_bench(model: str, tokens: int = 512, prompt_tokens: int = 64, repeats: i
                              "qkv_size": cfg.qkv_size, "q_size": cfg.q_size, "num_layers": cfg.num_layers,
                              "vocab_size": cfg.vocab_size, "bytes_per_weight": w["embed"].element_size()},
             "systems": results,
+            # systems timed over fewer tokens / runs than asked, to keep the bench short
+            "reduced_runs": {k: {"new_tokens": v["new_tokens"], "repeats": v["repeats"]} for k, v in results.items()
+                             if v.get("tok_per_s") and (v["new_tokens"] < tokens or v["repeats"] < repeats)},
             # where the bench's wall time went (seconds): the model's weights, the copy, the references, each
             # system (its own wall_seconds), all of it; the report rendered afterwards is not included
             "wall_seconds": {**{k: round(v, 3) for k, v in wall.items()},

@@ -81,10 +81,13 @@ class FusedDecoder(torch.nn.Module):
         return torch.argmax(self.forward(token, pos)[-1]).view(1)
 
 
-def configure_inductor() -> None:
-    """gpt-fast's inductor settings: coordinate-descent tuning of the generated Triton kernels, unique kernel
-    names, and the FX graph cache (a second bench of the same shapes compiles from the cache)."""
+# gpt-fast's inductor settings: coordinate-descent tuning of the generated Triton kernels, unique kernel names;
+# the FX graph cache lets a second bench of the same shapes compile from the cache
+INDUCTOR_SETTINGS = {"coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}
+
+
+def inductor_settings():
+    """A context in which torch.compile'd code compiles with INDUCTOR_SETTINGS; the process-wide inductor
+    config is left as it was (hf-compile, compiled later in the same process, gets transformers' own)."""
     import torch._inductor.config as ic
-    ic.coordinate_descent_tuning = True
-    ic.triton.unique_kernel_names = True
-    ic.fx_graph_cache = True
+    return ic.patch(INDUCTOR_SETTINGS)
