@@ -8,14 +8,13 @@ reused by another), on the same GPU, one after the other:
                     gate/up fused, SDPA with grouped heads over a static cache, argmax in the graph), copied
                     below with the preset's shapes, compiled as there: mode="reduce-overhead", fullgraph=True
 
-each under inductor settings `kog` (the baseline's as committed), `cdt` (coordinate-descent tuning, as
-gpt-fast sets) or `default` (torch's own).
+the anchor under inductor's `default` settings or with `cdt` (coordinate-descent tuning, as gpt-fast sets).
 Both are timed by the same loop (n steps between two device syncs, tokens kept on the device), median and
 spread of `repeats` runs after one warm-up run, with the compile time (first calls until the CUDA graphs are
 recorded).
 
 python3 bench/torch_compile_check.py OUT.json [--model llama-3.2-1b] [--tokens 512] [--repeats 5]
-    [--variants torch-compile:kog,anchor:default,anchor:cdt]
+    [--variants torch-compile,anchor:default,anchor:cdt]
 """
 from __future__ import annotations
 
@@ -28,24 +27,21 @@ import sys
 import tempfile
 import time
 
-SETTINGS = {"kog": None,                                   # kog.tune.gptfast.INDUCTOR_SETTINGS as committed
-            "cdt": {"coordinate_descent_tuning": True},     # gpt-fast's tuning of the generated kernels
+import torch
+
+SETTINGS = {"cdt": {"coordinate_descent_tuning": True},     # gpt-fast's tuning of the generated kernels
             "default": {}}                                  # torch's own
-VARIANTS = "torch-compile:kog,anchor:default,anchor:cdt"
+VARIANTS = "torch-compile,anchor:default,anchor:cdt"
 PROMPT_TOKENS = 64
 
 
-def _settings(name: str) -> dict:
-    from kog.tune import gptfast
-    return dict(gptfast.INDUCTOR_SETTINGS) if SETTINGS[name] is None else dict(SETTINGS[name])
-
-
-class AnchorStep:
+class AnchorStep(torch.nn.Module):
     """The anchor's MiniLlama (../shared/anchors/device_baseline.py) with a ModelConfig's shapes and its own
-    random weights (speed does not depend on their values): generate(prompt, n) as the baselines'."""
+    random weights (speed does not depend on their values): generate(prompt, n) as the baselines'. A module,
+    as there: the tensors it holds (the caches among them) are then static inputs of the CUDA graphs."""
 
     def __init__(self, cfg, device, max_seq: int, settings: dict):
-        import torch
+        super().__init__()
         H, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
         self.nh, self.nkv, self.hd, self.I, self.eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, I, \
             cfg.rms_norm_eps
@@ -69,13 +65,11 @@ class AnchorStep:
         self.step = torch.compile(self.forward, mode="reduce-overhead", fullgraph=True)
 
     def rope(self, x, pos):
-        import torch
         c, s = self.cos[pos], self.sin[pos]
         x1, x2 = x[..., : self.hd // 2], x[..., self.hd // 2:]
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
     def forward(self, tok, pos):
-        import torch
         F = torch.nn.functional
         x = self.emb[tok]
         for layer in self.layers:
@@ -95,7 +89,6 @@ class AnchorStep:
         return torch.argmax(F.rms_norm(x, (x.shape[-1],), self.nf, self.eps) @ self.head.t(), -1)
 
     def generate(self, prompt_ids, n: int):
-        import torch
         import torch._inductor.config as ic
         tok = torch.tensor([prompt_ids[-1]], dtype=torch.long, device=self.device)
         pos = torch.tensor([len(prompt_ids) - 1], dtype=torch.long, device=self.device)
@@ -112,37 +105,33 @@ class AnchorStep:
         return out.tolist(), time.perf_counter() - t0
 
 
-def run_variant(model: str, system: str, settings: str, tokens: int, repeats: int) -> dict:
+def run_variant(model: str, variant: str, tokens: int, repeats: int) -> dict:
     """One variant in this process: compile (timed), a warm-up run, `repeats` timed runs."""
-    import torch
     from kog.engine.weights import resolve_model
-    from kog.tune import gptfast
     from kog.tune.baselines import TorchCompile, _round_up
     from kog.tune.bench import gpu_state
+    system, _, settings = variant.partition(":")
     dev = torch.device("cuda")
     cfg, w = resolve_model(model, dev, seed=0)
     prompt = list(range(100, 100 + PROMPT_TOKENS))
     t0 = time.perf_counter()
     if system == "torch-compile":
-        gptfast.INDUCTOR_SETTINGS = _settings(settings)
         sysobj = TorchCompile(cfg, w, dev)
     else:
-        sysobj = AnchorStep(cfg, dev, _round_up(PROMPT_TOKENS + tokens), _settings(settings))
+        sysobj = AnchorStep(cfg, dev, _round_up(PROMPT_TOKENS + tokens), SETTINGS[settings])
     sysobj.generate(prompt, tokens)                 # compile, record the graphs, warm up
     setup = time.perf_counter() - t0
     start = gpu_state(dev)
     runs = [tokens / sysobj.generate(prompt, tokens)[1] for _ in range(repeats)]
-    return {"system": system, "settings": settings, "inductor_settings": _settings(settings),
+    return {"system": system, "inductor_settings": SETTINGS.get(settings, {}),
             "tok_per_s": statistics.median(runs), "tok_per_s_min": min(runs), "tok_per_s_max": max(runs),
-            "runs_tok_per_s": runs, "setup_seconds": setup, "compile_seconds": getattr(sysobj, "compile_seconds", None),
-            "gpu_start": start, "gpu_end": gpu_state(dev)}
+            "runs_tok_per_s": runs, "setup_seconds": setup, "gpu_start": start, "gpu_end": gpu_state(dev)}
 
 
 def run_in_child(model: str, variant: str, tokens: int, repeats: int) -> dict:
-    system, settings = variant.split(":")
     code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
             f"import torch_compile_check as c; "
-            f"print('RESULT', json.dumps(c.run_variant({model!r}, {system!r}, {settings!r}, {tokens}, {repeats})))")
+            f"print('RESULT', json.dumps(c.run_variant({model!r}, {variant!r}, {tokens}, {repeats})))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
@@ -164,7 +153,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variants", default=VARIANTS)
     a = ap.parse_args()
-    import torch
     from kog.provenance import git_commit, package_versions
     results = []
     for v in a.variants.split(","):
@@ -173,7 +161,7 @@ def main() -> None:
               flush=True)
     ok = [r for r in results if r.get("tok_per_s")]
     anchors = [r for r in ok if r["system"] == "anchor"]
-    ours = [r for r in ok if r["system"] == "torch-compile" and r["settings"] == "kog"]
+    ours = [r for r in ok if r["system"] == "torch-compile"]
     out = {"model": a.model, "new_tokens": a.tokens, "prompt_tokens": PROMPT_TOKENS, "repeats": a.repeats,
            "device": torch.cuda.get_device_name(0), "git_commit": git_commit(), "versions": package_versions(),
            "variants": results,

@@ -11,7 +11,7 @@ tok/s = n / seconds.
 
     torch-compile     the gpt-fast way (kog.tune.gptfast): fused qkv and gate/up weights, SDPA with grouped
                       heads over a static cache, argmax in the graph, torch.compile(mode="reduce-overhead",
-                      fullgraph=True) with coordinate-descent tuning
+                      fullgraph=True)
     hf-compile        transformers' documented fast path: model.generate with a static cache, which compiles the
                       forward itself (its CompileConfig: mode="reduce-overhead", here fullgraph=True)
     cuda-graph        the plain Reference's decode step captured once in a torch.cuda.CUDAGraph, replayed per token
@@ -154,14 +154,14 @@ class TorchCompile:
         self.model = None
 
     def _decoder(self, need: int):
-        from kog.tune.gptfast import FusedDecoder, inductor_settings
+        from kog.tune.gptfast import FusedDecoder
         if self.model is None or self.model.max_seq < need:
             self.model = FusedDecoder(self.cfg, self.w, _round_up(need))
             self.step = torch.compile(self.model.step, mode="reduce-overhead", fullgraph=True)
             tok = torch.zeros(1, dtype=torch.long, device=self.device)
             pos = torch.zeros(1, dtype=torch.long, device=self.device)
             t0 = time.perf_counter()
-            with torch.no_grad(), inductor_settings():    # the first calls compile
+            with torch.no_grad():                   # the first calls compile
                 for _ in range(self.warmup_steps):   # compile, then let cudagraph trees record
                     tok.copy_(self.step(tok, pos))
                     pos.add_(1)

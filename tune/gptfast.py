@@ -3,7 +3,8 @@
 One module, static shapes: q/k/v fused into one matrix and gate/up into another (one GEMV each per layer),
 scaled_dot_product_attention with grouped-query heads over a static KV cache sized for the run, greedy argmax
 inside the graph, the whole step under torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graphs)
-with the inductor settings gpt-fast uses (coordinate-descent tuning of its Triton kernels). Numerics as HF
+with inductor's own settings: gpt-fast's coordinate-descent tuning measured 11% slower on this step and took
+3x the compile time (docs/baselines.md). Numerics as HF
 transformers: matmuls in the model dtype, RMSNorm in float32, RoPE rotate-half with the checkpoint's tables.
 """
 from __future__ import annotations
@@ -79,15 +80,3 @@ class FusedDecoder(torch.nn.Module):
     def step(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The greedy next token [1] after `token` at `pos` (one decode step, argmax in the graph)."""
         return torch.argmax(self.forward(token, pos)[-1]).view(1)
-
-
-# gpt-fast's inductor settings: coordinate-descent tuning of the generated Triton kernels, unique kernel names;
-# the FX graph cache lets a second bench of the same shapes compile from the cache
-INDUCTOR_SETTINGS = {"coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}
-
-
-def inductor_settings():
-    """A context in which torch.compile'd code compiles with INDUCTOR_SETTINGS; the process-wide inductor
-    config is left as it was (hf-compile, compiled later in the same process, gets transformers' own)."""
-    import torch._inductor.config as ic
-    return ic.patch(INDUCTOR_SETTINGS)
