@@ -4,8 +4,8 @@ One module, static shapes: q/k/v fused into one matrix and gate/up into another 
 scaled_dot_product_attention with grouped-query heads over a static KV cache sized for the run, greedy argmax
 inside the graph, the whole step under torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graphs)
 with inductor's own settings: gpt-fast's coordinate-descent tuning measured 11% slower on this step and took
-3x the compile time (docs/baselines.md). Numerics as HF
-transformers: matmuls in the model dtype, RMSNorm in float32, RoPE rotate-half with the checkpoint's tables.
+3x the compile time (docs/baselines.md). Numerics: matmuls in the model dtype,
+torch's RMSNorm, RoPE rotate-half with the checkpoint's tables.
 """
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from kog.engine.config import ModelConfig
-from kog.engine.reference import rms_norm, rope_cos_sin, rotate_half
+from kog.engine.reference import rope_cos_sin, rotate_half
 from kog.engine.weights import Weights
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch's own RMSNorm (float32 inside, as the anchor step and gpt-fast's RMSNorm)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 class FusedDecoder(torch.nn.Module):
@@ -30,21 +35,24 @@ class FusedDecoder(torch.nn.Module):
         self.layers = []
         for i in range(cfg.num_layers):
             L = weights.layer(i)
+            # each layer's own cache tensors, as gpt-fast's KVCache modules and the shared anchor's step
+            shape = (1, cfg.num_kv_heads, self.max_seq, cfg.head_dim)
+            k, v = torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev)
+            self.register_buffer(f"k_cache_{i}", k, persistent=False)
+            self.register_buffer(f"v_cache_{i}", v, persistent=False)
             self.layers.append({
                 "attn_norm": L["attn_norm"], "wqkv": L["wqkv"], "bqkv": L.get("bqkv"), "wo": L["wo"],
                 "q_norm": L.get("q_norm"), "k_norm": L.get("k_norm"), "ffn_norm": L["ffn_norm"],
-                "w13": torch.cat([L["w_gate"], L["w_up"]]), "w2": L["w_down"]})
+                "w13": torch.cat([L["w_gate"], L["w_up"]]), "w2": L["w_down"], "k": k, "v": v})
         self.embed, self.norm, self.lm_head = weights["embed"], weights["norm"], weights["lm_head"]
         cos, sin = rope_cos_sin(cfg, self.max_seq, dev)
         self.cos, self.sin = cos.to(dt), sin.to(dt)
-        shape = (cfg.num_layers, 1, cfg.num_kv_heads, self.max_seq, cfg.head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dt, device=dev), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dt, device=dev), persistent=False)
         self.register_buffer("positions", torch.arange(self.max_seq, device=dev), persistent=False)
 
     def reset(self) -> None:
-        self.k_cache.zero_()
-        self.v_cache.zero_()
+        for L in self.layers:
+            L["k"].zero_()
+            L["v"].zero_()
 
     def _mask(self, pos: torch.Tensor) -> torch.Tensor:
         """[1, 1, T, max_seq] True where a query at `pos` may attend (causal; a sliding window if any)."""
@@ -60,7 +68,7 @@ class FusedDecoder(torch.nn.Module):
         cos, sin = self.cos[pos][None, :, None, :], self.sin[pos][None, :, None, :]
         mask = self._mask(pos)
         x = self.embed[tokens]
-        for i, L in enumerate(self.layers):
+        for L in self.layers:
             qkv = F.linear(rms_norm(x, L["attn_norm"], eps), L["wqkv"], L["bqkv"])
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             q, k, v = q.view(1, T, nh, hd), k.view(1, T, nkv, hd), v.view(1, T, nkv, hd)
@@ -68,9 +76,9 @@ class FusedDecoder(torch.nn.Module):
                 q, k = rms_norm(q, L["q_norm"], eps), rms_norm(k, L["k_norm"], eps)
             q = (q * cos + rotate_half(q) * sin).transpose(1, 2)
             k = (k * cos + rotate_half(k) * sin).transpose(1, 2)
-            self.k_cache[i].index_copy_(2, pos, k)
-            self.v_cache[i].index_copy_(2, pos, v.transpose(1, 2))
-            o = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask,
+            L["k"].index_copy_(2, pos, k)
+            L["v"].index_copy_(2, pos, v.transpose(1, 2))
+            o = F.scaled_dot_product_attention(q, L["k"], L["v"], attn_mask=mask,
                                                enable_gqa=nkv != nh)
             x = x + F.linear(o.transpose(1, 2).reshape(T, nh * hd), L["wo"])
             gate, up = F.linear(rms_norm(x, L["ffn_norm"], eps), L["w13"]).chunk(2, dim=-1)
