@@ -1,10 +1,11 @@
 """Device script: `kogtune bench` of every preset (or those named), one after the other in one process, each
-preset's bench JSON written as OUTDIR/<preset>.json and its run (with report) under OUTDIR/runs; then
-OUTDIR/all_presets.json: each preset's bench wall time (weights, copy, references, systems, report) and the sum.
+preset's bench JSON written as OUTDIR/<preset>.json and its run under OUTDIR/runs (`kogtune report RUN`
+renders its report afterwards); then OUTDIR/all_presets.json: each preset's bench wall time (weights, copy,
+references, systems) and the sum.
 A later call for other presets adds to the same summary, so the bench of every preset can be split over
 several device commands and still be added up.
 
-python3 bench/all_presets.py OUTDIR [--presets a,b,...] [--tokens 512] [--repeats 5]
+python3 bench/all_presets.py OUTDIR [--presets a,b,...] [--tokens 256] [--repeats 5]
 """
 from __future__ import annotations
 
@@ -19,14 +20,12 @@ BENCHED = [p for p in PRESETS if p != "tiny"]
 
 
 def bench_preset(preset: str, outdir: Path, tokens: int, repeats: int) -> dict:
-    from kog.tune.bench import render_report, run_bench
+    from kog.tune.bench import run_bench
     t0 = time.perf_counter()
     out, run = run_bench(preset, tokens=tokens, repeats=repeats, runs_dir=str(outdir / "runs"),
                          json_out=str(outdir / f"{preset}.json"), progress=False)
-    t1 = time.perf_counter()
-    render_report(run)
     return {"run": str(run), "git_commit": out["git_commit"], "bench_wall_seconds": out["wall_seconds"],
-            "report_seconds": round(time.perf_counter() - t1, 3), "seconds": round(time.perf_counter() - t0, 3),
+            "seconds": round(time.perf_counter() - t0, 3),
             "kog_targeted_tok_per_s": out["systems"].get("kog-targeted", {}).get("tok_per_s"),
             "limit_tok_per_s": out["limit_tok_per_s"]}
 
@@ -35,7 +34,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir")
     ap.add_argument("--presets", default=",".join(BENCHED))
-    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     outdir = Path(a.outdir)

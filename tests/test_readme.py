@@ -79,6 +79,7 @@ def test_table_figures_equal_the_bench_json():
         assert num(r["kog / fastest"].rstrip("x")) == pytest.approx(tg["tok_per_s"] / max(base.values()), abs=0.005)
         assert num(r["kog-grid tok/s"]) == pytest.approx(doc["systems"]["kog-grid"]["tok_per_s"], abs=0.05), r
         assert num(r["max_rel_err"]) == pytest.approx(rel_errs(doc, tg)[0], rel=6e-3), r
+        assert r["commit"] == doc["git_commit"][:7], r
     assert seen == set(benches), f"README table lacks {sorted(set(benches) - seen)}: run python -m " \
                                  "kog.reports.readme_table --write README.md bench/h200/*.json"
 

@@ -99,3 +99,26 @@ def test_compiled_step_logits_match_eager():
     assert p.returncode == 0, p.stderr[-3000:]
     err = json.loads(p.stdout.strip().splitlines()[-1])["err"]
     assert err < 2e-2
+
+
+_ORACLE_WEIGHTS = r"""
+import json, torch
+from kog.engine.weights import resolve_model
+from kog.tune.bench import oracle_weights, reference_fp32_logits, reference_greedy
+cfg, w = resolve_model("llama-3.2-1b", "cuda", seed=0)
+prompt = list(range(100, 108)); n = 12
+toks, _ = reference_greedy(cfg, w, prompt, n)
+w32 = oracle_weights(w)
+once = reference_fp32_logits(cfg, w32, prompt, toks)
+per_step = reference_fp32_logits(cfg, w, prompt, toks)
+print(json.dumps({"upcast": w32["embed"].dtype == torch.float32, "tied": w32["lm_head"] is w32["embed"],
+                  "equal": bool(torch.equal(once, per_step))}))
+"""
+
+
+def test_oracle_weights_give_the_same_float32_logits():
+    """Upcasting the weights once for the float32 references changes no logit: the same products."""
+    p = subprocess.run([sys.executable, "-c", _ORACLE_WEIGHTS], capture_output=True, text=True, env=_env(),
+                       timeout=480)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"upcast": True, "tied": True, "equal": True}
