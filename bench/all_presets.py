@@ -20,10 +20,12 @@ BENCHED = [p for p in PRESETS if p != "tiny"]
 
 
 def bench_preset(preset: str, outdir: Path, tokens: int, repeats: int) -> dict:
+    from kog.engine.monokernel import release_gpu_memory
     from kog.tune.bench import run_bench
     t0 = time.perf_counter()
     out, run = run_bench(preset, tokens=tokens, repeats=repeats, runs_dir=str(outdir / "runs"),
                          json_out=str(outdir / f"{preset}.json"), progress=False)
+    release_gpu_memory()            # the preset's weights go before the next preset's arrive
     return {"run": str(run), "git_commit": out["git_commit"], "bench_wall_seconds": out["wall_seconds"],
             "seconds": round(time.perf_counter() - t0, 3),
             "kog_targeted_tok_per_s": out["systems"].get("kog-targeted", {}).get("tok_per_s"),
