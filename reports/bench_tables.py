@@ -38,6 +38,34 @@ def rel_errs(doc: dict, rec: dict) -> tuple[float | None, float | None]:
     return (rec.get("max_rel_err_fp32_ref") if doc.get("reference_max_rel_err_vs_fp32") is not None else e16), e16
 
 
+KOG = ("kog-targeted", "kog-grid")
+
+
+def rated_tok_per_s(s: Any) -> float | None:
+    """A system record's median tok/s, None where it has none (an error, not built)."""
+    v = s.get("tok_per_s") if isinstance(s, dict) else None
+    return float(v) if isinstance(v, (int, float)) and v == v else None
+
+
+def fastest_baseline(doc: dict[str, Any]) -> tuple[str | None, float | None]:
+    """(name, median tok/s) of the fastest system of the run that is not kog."""
+    rated = {k: rated_tok_per_s(v) for k, v in doc["systems"].items()
+             if k not in KOG and rated_tok_per_s(v) is not None}
+    if not rated:
+        return None, None
+    name = max(rated, key=rated.get)
+    return name, rated[name]
+
+
+def spread(s: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(min, max) tok/s over a system's timed runs."""
+    runs = [float(x) for x in (s.get("runs_tok_per_s") or []) if isinstance(x, (int, float))]
+    lo, hi = s.get("tok_per_s_min"), s.get("tok_per_s_max")
+    if lo is None and runs:
+        lo, hi = min(runs), max(runs)
+    return lo, hi
+
+
 def _phase_key(phase: str) -> tuple[int, str]:
     return (PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER) - 2, str(phase))
 

@@ -23,8 +23,8 @@ import pandas as pd
 
 from kog.errors import UsageError
 from kog.reports import figures as F
-from kog.reports.bench_tables import (critical_path_table, layer_segments, model_shapes_of, phase_breakdown,
-                                      phase_table, phase_weight_bytes, rel_errs)
+from kog.reports.bench_tables import (critical_path_table, fastest_baseline, layer_segments, model_shapes_of,
+                                      phase_breakdown, phase_table, phase_weight_bytes, rel_errs, spread)
 from kog.reports.html import Section, corrupt_files, error_for, note_corrupt, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
@@ -77,6 +77,12 @@ def bench_document(run) -> dict[str, Any] | None:
             if isinstance(d, dict) and isinstance(d.get("systems"), dict):
                 return d
     return None
+
+
+def _clocks(s: dict[str, Any]) -> str | None:
+    """'start / end' SM clock (MHz) of a system's timed runs, None when the GPU state was not read."""
+    mhz = [(s.get(k) or {}).get("sm_mhz") for k in ("gpu_start", "gpu_end")]
+    return None if all(m is None for m in mhz) else " / ".join("–" if m is None else str(m) for m in mhz)
 
 
 def _tps(s: Any) -> float:
@@ -238,12 +244,23 @@ def bench_sections(run, out: Path) -> list[Section]:
         sec.p("Batch-1 decode. The limit is the device-to-device copy bandwidth measured in the same run divided "
               "by the bytes of weights every token must read.")
         sec.figure(F.toks_vs_limit(names, [0.0 if v != v else v for v in tps], limit), "tokens per second by system")
-        base = _tps(systems.get("torch-compile", {}))
+        base_name, base = fastest_baseline(doc)
+        if base_name:
+            sec.p(f"Ratios are against the fastest baseline of this run, {base_name}; min and max are over each "
+                  "system's timed runs; the GPU's SM clock and its clock event (throttle) reasons are read at the "
+                  "start and the end of each system's runs.")
         rows = []
         for n, v in zip(names, tps):
             s = systems[n] if isinstance(systems[n], dict) else {}
-            rows.append({"system": n, "tok/s": v, "% of limit": (100 * v / limit) if limit else None,
-                         "x torch-compile": (v / base) if base == base and base else None,
+            lo, hi = spread(s)
+            rows.append({"system": n, "tok/s (median)": v, "min": lo, "max": hi,
+                         "runs": len(s.get("runs_tok_per_s") or []) or None, "new tokens": s.get("new_tokens"),
+                         "% of limit": (100 * v / limit) if limit else None,
+                         f"x {base_name}": (v / base) if base_name and v == v else None,
+                         "SM MHz start / end": _clocks(s),
+                         "clock events": ", ".join(sorted({r for k in ("gpu_start", "gpu_end")
+                                                           for r in ((s.get(k) or {}).get("clock_event_reasons")
+                                                                     or [])})) or None,
                          "max rel err vs float32": rel_errs(doc, s)[0],
                          f"vs {doc.get('dtype', 'model-dtype')} reference": rel_errs(doc, s)[1],
                          "compile (s)": s.get("compile_seconds"),

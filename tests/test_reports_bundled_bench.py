@@ -74,6 +74,13 @@ def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
         assert name in secs["throughput"]
         assert f"{s['tok_per_s']:,.4g}" in secs["throughput"], name
         assert f"{100 * s['tok_per_s'] / doc['limit_tok_per_s']:,.4g}" in secs["throughput"], name
+        runs = s.get("runs_tok_per_s") or []
+        if runs:        # the spread of its timed runs
+            assert f"{min(runs):,.4g}" in secs["throughput"] and f"{max(runs):,.4g}" in secs["throughput"], name
+    # ratios against the fastest baseline of the run, named
+    base = max((k for k in doc["systems"] if not k.startswith("kog-") and doc["systems"][k].get("tok_per_s")),
+               key=lambda k: doc["systems"][k]["tok_per_s"])
+    assert f"x {base}" in secs["throughput"] and f"fastest baseline of this run, {base}" in secs["throughput"]
     assert f"{doc['limit_tok_per_s']:,.0f}" in secs["overview"]
     # grid-sync share: kog-grid's barrier seconds per token / its timed seconds per token, against 35%
     g = doc["systems"]["kog-grid"]
