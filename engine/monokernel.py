@@ -611,18 +611,21 @@ class Monokernel:
             self.n_eos = saved
         return logits
 
-    def breakdown(self, prompt_ids=None, n: int = 64) -> dict[str, Any]:
-        """Where a token's time goes, from an instrumented run: seconds per token (CTA-averaged) in
-        streaming (task time not spent waiting), waiting (on dependencies), barrier (grid mode) and other
-        (task decode, sampling, token hand-off), plus per-phase numbers and the raw trace (pandas).
-        Also the instrumentation's cost: the same run untraced vs traced (`trace_overhead`)."""
+    def breakdown(self, prompt_ids=None, n: int = 64, temperature: float = 0.0, top_k: int = 0,
+                  top_p: float = 1.0, seed: int = 0) -> dict[str, Any]:
+        """Where a token's time goes, from an instrumented run (greedy, or sampling as generate's options):
+        seconds per token (CTA-averaged) in streaming (task time not spent waiting), waiting (on
+        dependencies), barrier (grid mode) and other (task decode, sampling, token hand-off), plus per-phase
+        numbers and the raw trace (pandas). Also the instrumentation's cost: the same run untraced vs traced
+        (`trace_overhead`)."""
         from kog.engine.trace import breakdown_from_trace
         if self.trace_tokens == 0:
             raise ConfigError("breakdown() needs Monokernel(..., trace_tokens=N)")
         prompt = list(prompt_ids) if prompt_ids is not None else [1, 2, 3, 4]
-        self.generate(prompt, n, trace=True)               # compiles the traced variant
-        _, plain = self.generate(prompt, n)
-        _, traced = self.generate(prompt, n, trace=True)
+        opts = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        self.generate(prompt, n, trace=True, **opts)        # compiles the traced variant
+        _, plain = self.generate(prompt, n, **opts)
+        _, traced = self.generate(prompt, n, trace=True, **opts)
         out = breakdown_from_trace(self._last_trace, self.plan, self._last_ms_per_token * 1e-3, self.trace_tokens)
         if self.attn_stamps:
             from kog.engine.trace import attn_stamps_table

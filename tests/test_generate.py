@@ -354,3 +354,23 @@ def test_kog_systems_run_the_monokernel_with_the_tuned_config(tmp_path, monkeypa
     ref = Reference(cfg, w, 64, compute_dtype=torch.float32).teacher_forced_logits(prompt, want)
     assert float((got.float() - ref).abs().max() / ref.abs().max()) < 1e-4
 
+
+
+def test_all_presets_script_benches_and_adds_up(tmp_path):
+    """bench/all_presets.py's pieces on the CPU: a preset's bench JSON and run land in OUTDIR, and the summary
+    keeps earlier calls' presets and sums every preset's seconds (the bench of all presets is split over
+    several device commands)."""
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("all_presets", repo / "bench" / "all_presets.py")
+    ap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ap)
+    assert "tiny" not in ap.BENCHED and "llama-3.1-8b" in ap.BENCHED
+    entry = ap.bench_preset("tiny", tmp_path, 3, 1, systems="reference-eager", cpu_for_tests=True)
+    doc = json.loads((tmp_path / "tiny.json").read_text())
+    assert doc["model"] == "tiny" and doc["new_tokens"] == 3
+    assert entry["seconds"] >= entry["bench_wall_seconds"]["total"] > 0 and Path(entry["run"]).is_dir()
+    ap.record(tmp_path, "tiny", entry)
+    s = ap.record(tmp_path, "other", {"seconds": 2.5})
+    assert set(s["presets"]) == {"tiny", "other"}
+    assert s["total_seconds"] == pytest.approx(entry["seconds"] + 2.5, abs=2e-3)
+    assert json.loads((tmp_path / "all_presets.json").read_text()) == s

@@ -454,3 +454,22 @@ def test_stream_hands_over_each_token_as_the_buffer_fills(monkeypatch):
     # token i was yielded right after the poll that wrote it, before the later ones existed
     assert seen_at == [(100, 1), (101, 2), (102, 3), (103, 4)]
     assert mk.last_stream["tokens"] == 4
+
+
+def test_breakdown_runs_the_sampling_asked_for():
+    """breakdown(..., temperature, top_k, top_p, seed): the compile, the plain and the traced launch all sample
+    as asked (the sampling search's time then shows in the breakdown), and the categories add up."""
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    mk = Monokernel(TINY, w, SMALL_TILES, max_seq=64, trace_tokens=2)
+    mk.n_eos = 0
+    calls, real = [], mk.generate
+
+    def generate(prompt, n, **kw):
+        calls.append(kw)
+        return real(prompt, n, **kw)
+    mk.generate = generate
+    b = mk.breakdown(list(range(5, 15)), 3, temperature=0.8, top_k=5, top_p=0.9, seed=7)
+    opts = {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "seed": 7}
+    assert [{k: c[k] for k in opts} for c in calls] == [opts] * 3
+    assert [c.get("trace", False) for c in calls] == [True, False, True]
+    assert {"streaming", "waiting", "barrier", "other", "phases"} <= set(b)
