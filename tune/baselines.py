@@ -161,7 +161,7 @@ class TorchCompile:
             tok = torch.zeros(1, dtype=torch.long, device=self.device)
             pos = torch.zeros(1, dtype=torch.long, device=self.device)
             t0 = time.perf_counter()
-            with torch.no_grad():                   # the first calls compile
+            with torch.no_grad():
                 for _ in range(self.warmup_steps):   # compile, then let cudagraph trees record
                     tok.copy_(self.step(tok, pos))
                     pos.add_(1)

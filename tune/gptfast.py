@@ -3,9 +3,9 @@
 One module, static shapes: q/k/v fused into one matrix and gate/up into another (one GEMV each per layer),
 scaled_dot_product_attention with grouped-query heads over a static KV cache sized for the run, greedy argmax
 inside the graph, the whole step under torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graphs)
-with inductor's own settings: gpt-fast's coordinate-descent tuning measured 11% slower on this step and took
-3x the compile time (docs/baselines.md). Numerics: matmuls in the model dtype,
-torch's RMSNorm, RoPE rotate-half with the checkpoint's tables.
+with inductor's own settings (gpt-fast's coordinate-descent tuning ran this step slower and tripled its compile
+time: docs/baselines.md). Numerics: matmuls in the model dtype, torch's RMSNorm, RoPE rotate-half with the
+checkpoint's tables.
 """
 from __future__ import annotations
 
