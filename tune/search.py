@@ -297,7 +297,9 @@ def open_study(s: Setup, storage, sampler, pruner):
     want = study_attrs(s)
     have = study.user_attrs
     if have.get("model_shape") is None:
-        for k, v in want.items():
+        from kog.provenance import git_commit
+        # git_commit: the kog the study started with, which kog.tune.promote's entry names
+        for k, v in {**want, "git_commit": git_commit()}.items():
             study.set_user_attr(k, v)
         return study
     for k in ("model_shape", "dtype", "device", "backend"):
