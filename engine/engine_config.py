@@ -187,18 +187,71 @@ def sm90_default(model: ModelConfig, span: int | None = None) -> EngineConfig:
     """The built-in config on NVIDIA sm_90+: SM90_DEFAULT, with fewer ring slots where the model's shared
     memory needs them (a head_dim of 128 widens Triton's attention tile; beyond 4,096 cached positions the
     widened attention block does too), for a cache of `span` positions when given; EngineConfig() when not
-    even two slots fit."""
+    even two slots fit. Where SM90_DEFAULT's chunks leave a short last step along the hidden size (a hidden
+    size that is not a multiple of the chunk), every phase whose K one chunk of two or more rows can span
+    takes that chunk instead (span_k_tiling), with 32-position attention tiles beside three ring slots."""
     e = EngineConfig()
     base = dict(SM90_DEFAULT)
     if not _gate_up_spans_k(e.replace(**base), model):
         # 4-row gate_up pays where its one chunk spans K (the normed input is then cached across tasks);
         # where it does not, 8-row tiles measured faster (docs/engine-notes.md)
         base["bn_gate_up"] = e.bn_gate_up
-    for slots in range(base["weight_ring"], 1, -1):
-        c = e.replace(**dict(base, weight_ring=slots))
-        if fits(c, model, span):
-            return c
+    candidates = [base]
+    if _short_hidden_steps(e.replace(**base), model):
+        # one chunk per task instead of a whole and a partial step: measured faster where the hidden size
+        # leaves a partial step; where every step is whole, these tilings measured slower
+        # (docs/engine-notes.md, "One chunk spanning K")
+        candidates.insert(0, dict(base, **span_k_tiling(e.replace(**base), model), attn_tile=SPAN_ATTN_TILE))
+    for cand in candidates:
+        for slots in range(cand["weight_ring"], 1, -1):
+            c = e.replace(**dict(cand, weight_ring=slots))
+            if fits(c, model, span):
+                return c
     return e
+
+
+# attention tiles of the span-K tiling: they leave the shared memory for 3 ring slots at head_dim 128
+SPAN_ATTN_TILE = 32
+# the fewest rows of a span-K chunk: a one-row chunk as wide as a whole slot spilled registers on the H200
+MIN_SPAN_ROWS = 2
+
+
+def _k_of(model: ModelConfig) -> dict[str, int]:
+    """Each GEMV phase's K: the hidden size, except o (the query width) and down (the intermediate size)."""
+    H = model.hidden_size
+    return {"qkv": H, "o": model.q_size, "gate_up": H, "down": model.intermediate_size, "lm": H}
+
+
+def span_k_tiling(e: EngineConfig, model: ModelConfig) -> dict[str, int]:
+    """Rows per task and block_k such that each phase's task is one chunk spanning its K, in slots of e's size:
+    per phase the most rows (at most e's) whose chunk covers K (gate_up's chunk holds 2 x bn rows); a phase
+    that no chunk of MIN_SPAN_ROWS rows spans keeps e's rows and its steps along K."""
+    from kog.engine.ring import _pow2ceil, phase_bn, slot_elems
+    slot = slot_elems(block_k=e.block_k, bn=phase_bn(e))
+    bn: dict[str, int] = {}
+    for ph, K in _k_of(model).items():
+        per_bn = 2 if ph == "gate_up" else 1
+        b = e.bn(ph)
+        while b > 1 and slot // (per_bn * b) < _pow2ceil(K) and per_bn * b // 2 >= MIN_SPAN_ROWS:
+            b //= 2
+        bn[ph] = b if slot // (per_bn * b) >= _pow2ceil(K) else e.bn(ph)
+    out = {f"bn_{ph}": b for ph, b in bn.items()}
+    # the slot keeps its size: block_k x the largest rows (kog.engine.ring.slot_elems)
+    out["block_k"] = slot // max(bn.values())
+    return out
+
+
+def _short_hidden_steps(e: EngineConfig, model: ModelConfig) -> bool:
+    """Whether a phase whose K is the hidden size (or the query width) steps along K in chunks that leave a
+    partial last step (kog.engine.ring.chunk_shape: 3,072 columns in 2,048-column chunks)."""
+    from kog.engine.layout import T_LM, T_O, T_QKV
+    from kog.engine.ring import chunk_shape, phase_bn
+    for typ in (T_QKV, T_O, T_LM):
+        K, bkc, _ = chunk_shape(typ, H=model.hidden_size, I=model.intermediate_size, QS=model.q_size,
+                                block_k=e.block_k, bn=phase_bn(e))
+        if K > bkc and K % bkc:
+            return True
+    return False
 
 
 def _gate_up_spans_k(e: EngineConfig, model: ModelConfig) -> bool:

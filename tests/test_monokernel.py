@@ -320,8 +320,9 @@ def test_weight_ring_defaults_and_shared_memory_budget():
     from kog.engine.ring import padded_fraction
     assert sm90_default(PRESETS["llama-3.2-1b"]) == EngineConfig(**SM90_DEFAULT)
     sheared = PRESETS["sheared-llama-2.7b"]
-    # sheared's K = 2560 spans no one gate_up chunk: 8-row gate_up there (measured faster on the H200)
-    assert sm90_default(sheared) == EngineConfig(**dict(SM90_DEFAULT, weight_ring=2, bn_gate_up=8))
+    # sheared's K = 2560 leaves a short step in 2048-column chunks: one chunk spanning K in every phase
+    assert sm90_default(sheared) == EngineConfig(**dict(SM90_DEFAULT, weight_ring=3, attn_tile=32, block_k=4096,
+                                                        bn_qkv=4, bn_o=4, bn_gate_up=2, bn_down=2, bn_lm=4))
     assert sm90_default(PRESETS["qwen2.5-1.5b"]).bn_gate_up == 4                  # K = 1536: one chunk
     with pytest.raises(ConfigError, match="does not fit"):
         EngineConfig(**SM90_DEFAULT).validate(sheared)
@@ -340,6 +341,58 @@ def test_weight_ring_defaults_and_shared_memory_budget():
         EngineConfig(weight_ring=3, ctas_per_sm=3).validate(m)
     with pytest.raises(ConfigError, match="does not fit"):
         EngineConfig(weight_ring=8).validate(m)
+
+
+def test_span_k_tiling_where_the_hidden_size_leaves_a_short_step():
+    """sm90_default changes the tiling only where a hidden-wide phase's chunks leave a partial last step; there
+    each phase whose K a chunk of 2+ rows can span gets that chunk (the slot keeps its size); a K no 2-row
+    chunk spans keeps its steps. Every config it gives for shapes nobody benched validates."""
+    from kog.engine.engine_config import SM90_DEFAULT, fits, sm90_default
+    llama8b = PRESETS["llama-3.1-8b"]
+    for H, I, heads in [(4096, 14336, 32), (2048, 8192, 16), (1536, 8960, 12), (8192, 28672, 64)]:
+        m = llama8b.replace(hidden_size=H, intermediate_size=I, num_heads=heads)
+        assert sm90_default(m).block_k == 2048 and sm90_default(m).attn_tile == 0      # whole steps: unchanged
+    q7 = llama8b.replace(hidden_size=3584, intermediate_size=18944, num_heads=28, num_kv_heads=4)
+    e = sm90_default(q7)
+    # qkv / o / gate_up / LM head span 3584 columns; down's 18944 would need one-row chunks: 8 rows, steps
+    assert (e.bn_qkv, e.bn_o, e.bn_gate_up, e.bn_down, e.bn_lm, e.block_k) == (4, 4, 2, 8, 4, 2048)
+    for H, I, heads in [(3584, 18944, 28), (5120, 13824, 40), (2304, 9216, 18), (2560, 10240, 20), (3072, 8192, 24)]:
+        m = llama8b.replace(hidden_size=H, intermediate_size=I, num_heads=heads)
+        for span in (None, 320, 8192, 32768):
+            e = sm90_default(m, span)
+            assert fits(e, m, span) and min(e.bn_qkv, e.bn_o, e.bn_down, e.bn_lm, 2 * e.bn_gate_up) >= 2
+    assert sm90_default(PRESETS["llama-3.2-1b"]) == EngineConfig(**SM90_DEFAULT)
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-3b", "llama-3.1-8b"])
+def test_sm90_default_is_the_fastest_config_its_committed_check_measured(name):
+    """The committed same-run A/B on the H200 (bench/h200/engine_check_span_*): the rule's config for the
+    preset is the fastest one measured there (one chunk spanning K on llama-3.2-3b; the whole-step default
+    on llama-3.1-8b, where the span tiling's one-row down chunks spilled registers)."""
+    import json
+    from pathlib import Path
+    from kog.engine.engine_config import sm90_default
+    path = Path(__file__).resolve().parents[1] / "bench" / "h200" / f"engine_check_span_{name}_2026-12-04.json"
+    sweep = json.loads(path.read_text())["sweep"]
+    fastest = max(sweep.values(), key=lambda r: r.get("tok_s", 0))
+    configs = {k: dict(kv.split("=", 1) for kv in k.split(",")) for k in sweep}
+    best_key = next(k for k, r in sweep.items() if r is fastest)
+    mine = sm90_default(PRESETS[name], 640).to_dict()
+    assert {f: str(v) for f, v in mine.items()} == configs[best_key]
+
+
+def test_span_k_tiling_matches_reference():
+    """A hidden size that is not a multiple of the chunk (160 in 128-column chunks, as 3072 in 2048): the span-K
+    tiling's one chunk per task, [4, 256] for qkv / o, gate_up's 2 x 2 rows, down's [4, 256], on the ring,
+    gives the reference's tokens."""
+    from kog.engine.engine_config import _short_hidden_steps, span_k_tiling
+    cfg = TINY.replace(hidden_size=160, num_heads=10, intermediate_size=256, num_layers=1, vocab_size=128)
+    e = SMALL_TILES.replace(weight_ring=2, block_k=128, bn_qkv=8, bn_o=8, bn_gate_up=8, bn_down=8, bn_lm=8)
+    assert _short_hidden_steps(e, cfg)
+    span = span_k_tiling(e, cfg)
+    assert span == dict(bn_qkv=4, bn_o=4, bn_gate_up=2, bn_down=4, bn_lm=4, block_k=256)
+    ref, got, err = run_both(cfg, torch.float32, e.replace(**span), [5, 17, 33], n=3)
+    assert got == ref and err < 1e-4
 
 
 def test_tagged_qkv_handoff_replaces_the_qkv_counters():

@@ -251,10 +251,10 @@ _SOURCES = [
     # the weight ring, the default path on sm_90 (the engine as it runs now). Not here: the ring benches of the
     # engine versions before it settled (a484c6b, a713f4c, the docs/lab ring checks: a row prefetch since folded
     # into the ring, other chunk shapes)
-    ("bench/h200/llama-3.2-1b.json", None, "33417d0",
+    ("bench/h200/llama-3.2-1b.json", "73177b1", "a5d89e7",
      "weight ring (3 slots), attention splits of 64, gate_up in 4-row tiles: the engine as it runs",
      _RING_LLAMA_DEFAULTS, True, 512, True),
-    ("bench/h200/sheared-llama-2.7b.json", None, "f347ae3",
+    ("bench/h200/sheared-llama-2.7b.json", "a9be91e", "f347ae3",
      "weight ring, kog's measured sheared-llama-2.7b config", _RING_SHEARED_DEFAULTS, True, 512, True),
     ("bench/h200/engine_check_attn_tile_2026-12-01.json", None, "6658203",
      "weight ring: attention split and tile sweep", _RING_SHEARED_DEFAULTS, True, 256, True, "sheared-llama-2.7b"),
