@@ -1,5 +1,6 @@
 """Search space constraints and the tuned-config store."""
 import json
+from pathlib import Path
 
 import optuna
 import pytest
@@ -8,6 +9,25 @@ from kog.engine.config import preset
 from kog.engine.engine_config import EngineConfig
 from kog.tune import store
 from kog.tune.space import Infeasible, build_space, check, residency_fn
+
+# a measured-looking config for sheared-llama-2.7b's shape that the sm_90 rule would not give (grid mode), so
+# a lookup that found the table is told from one that fell through to the rule
+TABLE_SHEARED = dict(mode="grid", weight_ring=3, attn_block=64, attn_tile=32, block_k=4096, bn_qkv=4, bn_o=4,
+                     bn_gate_up=2, bn_down=2, bn_lm=4)
+
+
+@pytest.fixture
+def builtin_table(tmp_path, monkeypatch):
+    """A built-in table with one H200 entry for sheared-llama-2.7b's shape, in place of kog's own
+    (tune/data/builtin_tuned.json, which holds entries only where a promoted study beat the rule)."""
+    m = preset("sheared-llama-2.7b")
+    entry = {"device": "NVIDIA H200", "model": m.name, "shape": store.shape_signature(m), "dtype": m.dtype,
+             "config": EngineConfig(**TABLE_SHEARED).to_dict(), "tok_per_s": 1.0, "mode_measured": "grid",
+             "source": {"backend": "gpu", "from": "bench/h200/engine_check_sheared_qkv_span_2026-12-01.json"}}
+    path = tmp_path / "builtin_tuned.json"
+    path.write_text(json.dumps({"format": "kog-tuned", "about": "test", "entries": {"sheared": entry}}))
+    monkeypatch.setattr(store, "BUILTIN", path)
+    return path
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -46,7 +66,7 @@ def test_residency_rejects_before_launch():
         check(EngineConfig(num_warps=8, ctas_per_sm=4), m, 132, residency_fn("sim"))
 
 
-def test_store_roundtrip(tmp_path, monkeypatch, capsys):
+def test_store_roundtrip(tmp_path, monkeypatch, capsys, builtin_table):
     monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
     m = preset("llama-3.2-1b")
     assert store.best_config("NVIDIA H200", m) is None
@@ -104,24 +124,26 @@ def test_weight_ring_is_a_parameter_only_where_the_ring_runs():
         check_tp(EngineConfig(weight_ring=3), m, 2, 64, 8, 132)
 
 
-def test_builtin_table_gives_the_measured_tiling_for_its_device_and_shape_only(tmp_path, monkeypatch):
-    """tune/data/builtin_tuned.json: kog's own measured configs (sheared-llama-2.7b on the H200); a valid
-    config for that device and shape, nothing for another GPU, another model, another dtype. The engine
-    takes a user's stored config first."""
+def test_builtin_table_gives_the_measured_tiling_for_its_device_and_shape_only(tmp_path, monkeypatch,
+                                                                              builtin_table):
+    """The built-in table (kog.tune.store.builtin_config): a valid config for its device and shape, nothing
+    for another GPU, another model, another dtype. kog's own table: every entry names the committed study or
+    measurement behind it."""
+    own = json.loads(Path(store.__file__).resolve().parent.joinpath("data", "builtin_tuned.json").read_text())
+    assert own["format"] == "kog-tuned"
+    for e in own["entries"].values():
+        assert (Path(__file__).resolve().parents[1] / e["source"]["from"]).exists()
     monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
     m = preset("sheared-llama-2.7b")
     got = store.builtin_config("NVIDIA H200", m)
-    assert got is not None and got.weight_ring == 3 and got.attn_tile == 32
+    assert got == EngineConfig(**TABLE_SHEARED)
     got.validate(m)
     assert store.builtin_config("NVIDIA H100 80GB HBM3", m) is None
     assert store.builtin_config("NVIDIA H200", preset("llama-3.2-1b")) is None
     assert store.builtin_config("NVIDIA H200", m.replace(dtype="float16")) is None
-    doc = json.loads(store.BUILTIN.read_text())
-    for e in doc["entries"].values():       # every entry names the committed measurement behind it
-        assert (store.Path(__file__).resolve().parents[1] / e["source"]["from"]).exists()
 
 
-def test_search_baseline_is_what_the_engine_runs_there():
+def test_search_baseline_is_what_the_engine_runs_there(builtin_table):
     """The search's first trial (kog.tune.search.engine_default): on a ring-capable GPU kog's measured table
     for that GPU and shape, else the sm_90 rule, measured or simulated (the simulator models the engine as it
     runs); elsewhere EngineConfig()."""
@@ -132,12 +154,14 @@ def test_search_baseline_is_what_the_engine_runs_there():
     sheared, llama = preset("sheared-llama-2.7b"), preset("llama-3.2-1b")
     assert engine_default("gpu", "NVIDIA H200", h200, sheared) == store.builtin_config("NVIDIA H200", sheared)
     assert engine_default("gpu", "NVIDIA H200", h200, llama) == sm90_default(llama)
+    assert engine_default("gpu", "NVIDIA H100", h200, sheared) == sm90_default(sheared)     # not in the table
     assert engine_default("gpu", "NVIDIA A100", NS(vendor="nvidia", arch="sm_80"), llama) == EngineConfig()
     assert engine_default("sim", "NVIDIA H200", h200, sheared) == store.builtin_config("NVIDIA H200", sheared)
     assert engine_default("sim", "AMD Instinct MI300X", NS(vendor="amd", arch="gfx942"), llama) == EngineConfig()
 
 
-def test_tuned_config_takes_the_store_then_the_builtin_table_then_the_platform_default(tmp_path, monkeypatch):
+def test_tuned_config_takes_the_store_then_the_builtin_table_then_the_platform_default(tmp_path, monkeypatch,
+                                                                                        builtin_table):
     """kog.tune.store.tuned_config, what kogtune bench / generate run: the user's stored config, else kog's
     measured table, the first that fits the cache span; else the platform default (EngineConfig() here)."""
     from kog.engine.engine_config import fits

@@ -221,8 +221,8 @@ _SPLIT_DEFAULTS = dict(_OLD_DEFAULTS, ctas_per_sm=2, bn_qkv=8, bn_o=8, bn_down=8
                        prefetch=0)
 _NEW_DEFAULTS = dict(_SPLIT_DEFAULTS, bn_gate_up=8)
 _SYNC4K_DEFAULTS = dict(_NEW_DEFAULTS, sync_rows=4096, attn_block=32)
-# the engine as it runs by default on sm_90 (engine_config.sm90_default; for sheared-llama-2.7b kog's measured
-# config, tune/data/builtin_tuned.json): the weight ring
+# the engine as it runs by default on sm_90 (engine_config.sm90_default; for sheared-llama-2.7b its span-K
+# tiling): the weight ring
 _RING_LLAMA_DEFAULTS = dict(_SYNC4K_DEFAULTS, weight_ring=3, attn_block=64, bn_gate_up=4)
 _RING_SHEARED_DEFAULTS = dict(_SYNC4K_DEFAULTS, weight_ring=3, attn_block=64, attn_tile=32, block_k=4096, bn_qkv=4,
                               bn_o=4, bn_gate_up=2, bn_down=2, bn_lm=4)
