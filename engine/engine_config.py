@@ -216,25 +216,22 @@ SPAN_ATTN_TILE = 32
 MIN_SPAN_ROWS = 2
 
 
-def _k_of(model: ModelConfig) -> dict[str, int]:
-    """Each GEMV phase's K: the hidden size, except o (the query width) and down (the intermediate size)."""
-    H = model.hidden_size
-    return {"qkv": H, "o": model.q_size, "gate_up": H, "down": model.intermediate_size, "lm": H}
-
-
 def span_k_tiling(e: EngineConfig, model: ModelConfig) -> dict[str, int]:
     """Rows per task and block_k such that each phase's task is one chunk spanning its K, in slots of e's size:
     per phase the most rows (at most e's) whose chunk covers K (gate_up's chunk holds 2 x bn rows); a phase
     that no chunk of MIN_SPAN_ROWS rows spans keeps e's rows and its steps along K."""
-    from kog.engine.ring import _pow2ceil, phase_bn, slot_elems
+    from kog.engine.layout import T_DOWN, T_GU, T_LM, T_O, T_QKV, TASK_NAMES
+    from kog.engine.ring import phase_bn, phase_k, pow2ceil, slot_elems
     slot = slot_elems(block_k=e.block_k, bn=phase_bn(e))
     bn: dict[str, int] = {}
-    for ph, K in _k_of(model).items():
+    for typ in (T_QKV, T_O, T_GU, T_DOWN, T_LM):
+        ph = TASK_NAMES[typ]
+        K = phase_k(typ, H=model.hidden_size, I=model.intermediate_size, QS=model.q_size)
         per_bn = 2 if ph == "gate_up" else 1
         b = e.bn(ph)
-        while b > 1 and slot // (per_bn * b) < _pow2ceil(K) and per_bn * b // 2 >= MIN_SPAN_ROWS:
+        while b > 1 and slot // (per_bn * b) < pow2ceil(K) and per_bn * b // 2 >= MIN_SPAN_ROWS:
             b //= 2
-        bn[ph] = b if slot // (per_bn * b) >= _pow2ceil(K) else e.bn(ph)
+        bn[ph] = b if slot // (per_bn * b) >= pow2ceil(K) else e.bn(ph)
     out = {f"bn_{ph}": b for ph, b in bn.items()}
     # the slot keeps its size: block_k x the largest rows (kog.engine.ring.slot_elems)
     out["block_k"] = slot // max(bn.values())

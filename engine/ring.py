@@ -35,8 +35,14 @@ def launch_smem(triton_shared: int, ring_extra: int) -> int:
     return -(-triton_shared // 1024) * 1024 + ring_extra
 
 
-def _pow2ceil(n: int) -> int:
+def pow2ceil(n: int) -> int:
+    """The smallest power of two >= n."""
     return 1 << (int(n) - 1).bit_length()
+
+
+def phase_k(typ: int, *, H: int, I: int, QS: int) -> int:
+    """K of a GEMV task type: the hidden size, except O (the query width) and down (the intermediate size)."""
+    return {T_QKV: H, T_O: QS, T_GU: H, T_DOWN: I, T_LM: H}[typ]
 
 
 def chunk_shape(typ: int, *, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[int, int, int]:
@@ -47,9 +53,9 @@ def chunk_shape(typ: int, *, H: int, I: int, QS: int, block_k: int, bn: dict[int
     block_k / 2); a phase with fewer rows gets wider chunks, so fewer rows share each per-chunk row
     reduction (bn_gate_up 4 at bn 8 elsewhere: gate_up's [8, 2048] chunk spans all of a 2048-wide K, one
     chunk per task)."""
-    K = {T_QKV: H, T_O: QS, T_GU: H, T_DOWN: I, T_LM: H}[typ]
+    K = phase_k(typ, H=H, I=I, QS=QS)
     rows = 2 * bn[typ] if typ == T_GU else bn[typ]
-    bkc = min(slot_elems(block_k=block_k, bn=bn) // rows, _pow2ceil(K))
+    bkc = min(slot_elems(block_k=block_k, bn=bn) // rows, pow2ceil(K))
     return K, bkc, rows
 
 
@@ -59,7 +65,7 @@ def kernel_chunk_cols(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, in
     names = {T_QKV: "BKC_QKV", T_O: "BKC_O", T_GU: "BKC_GU", T_DOWN: "BKC_DOWN", T_LM: "BKC_LM"}
     # BKC_X: the width of the normed-input cache, the chunk of every phase whose one chunk spans its normed
     # input (K = H for qkv, gate_up and the LM head; chunk_shape caps those at the power of two covering H)
-    return {**{name: chunk_shape(t, **dims)[1] for t, name in names.items()}, "BKC_X": _pow2ceil(H)}
+    return {**{name: chunk_shape(t, **dims)[1] for t, name in names.items()}, "BKC_X": pow2ceil(H)}
 
 
 def slot_elems(*, block_k: int, bn: dict[int, int]) -> int:
