@@ -94,8 +94,8 @@ class EngineConfig:
 
     def attn_layout(self, span: int) -> tuple["EngineConfig", int]:
         """(config, attention splits) for a cache of `span` positions: each split covers attn_block positions,
-        and at most MAX_ATTN_SPLITS of them (the merge holds every split's partials in registers), so a longer
-        cache doubles attn_block until they fit."""
+        and at most MAX_ATTN_SPLITS of them (every split is a task of every layer and token, holding positions
+        or not), so a longer cache doubles attn_block until they fit."""
         blk = self.attn_block
         while -(-span // blk) > MAX_ATTN_SPLITS:
             blk *= 2

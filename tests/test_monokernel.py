@@ -26,13 +26,13 @@ def rel_err(a, b):
     return float(((a - b).abs().max(-1).values / b.abs().max(-1).values).max())
 
 
-def run_both(cfg, dtype, ecfg, prompt, n=5):
+def run_both(cfg, dtype, ecfg, prompt, n=5, max_seq=64):
     """(reference tokens, kernel tokens, max_rel_err) against the oracle: the reference computed in float32
     over the same weights (the kernel prefills with it and keeps float32 activations; kog.engine.kernel)."""
     w = random_weights(cfg, "cpu", seed=3, dtype=dtype)
-    ref_tokens = Reference(cfg, w, 64, compute_dtype=torch.float32).greedy(prompt, n)
-    ref_logits = Reference(cfg, w, 64, compute_dtype=torch.float32).teacher_forced_logits(prompt, ref_tokens)
-    mk = Monokernel(cfg, w, ecfg, max_seq=64)
+    ref_tokens = Reference(cfg, w, max_seq, compute_dtype=torch.float32).greedy(prompt, n)
+    ref_logits = Reference(cfg, w, max_seq, compute_dtype=torch.float32).teacher_forced_logits(prompt, ref_tokens)
+    mk = Monokernel(cfg, w, ecfg, max_seq=max_seq)
     mk.n_eos = 0
     logits = mk.teacher_forced_logits(prompt, ref_tokens)
     tokens, _ = mk.generate(prompt, n)
@@ -250,6 +250,17 @@ def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):
         EngineConfig(attn_block=32, attn_tile=64).validate(TINY)
     with pytest.raises(ConfigError, match="attn_tile"):
         EngineConfig(attn_block=32, attn_tile=24).validate(TINY)
+
+
+def test_many_splits_merge_in_groups():
+    """A cache of more splits than the merge holds at once (20 splits of 16 positions, over COMBINE_SPLITS):
+    the last split to arrive folds the partials group by group with a running max. Positions 279-281 make 18
+    splits hold positions, so the second group is partial: same tokens and logits as the float32 reference."""
+    from kog.engine.kernel.attention import COMBINE_SPLITS
+    e = SMALL_TILES.replace(attn_block=16)
+    assert e.attn_layout(320)[1] > COMBINE_SPLITS
+    ref, got, err = run_both(TINY, torch.float32, e, [(7 * i) % 500 for i in range(280)], n=2, max_seq=320)
+    assert got == ref and err < 1e-4
 
 
 def test_ring_chunk_width_fills_a_slot():

@@ -6,7 +6,8 @@ this token's q / k / v (the first tile's cached K / V, RoPE's cos / sin, an L2 p
 loaded before the split waits for them. The split holding the new position applies q / k norm (Qwen3) and RoPE
 to the new key, writes k / v into the cache, and adds the position from registers. Each split stores its
 softmax partial (acc, m, l); the last to arrive on its (layer, KV head) arrival word merges them into the
-head's G rows of the attention output and publishes them like any tile.
+head's G rows of the attention output (in groups of COMBINE_SPLITS splits when there are more) and publishes
+them like any tile.
 """
 from collections import namedtuple
 
@@ -217,21 +218,60 @@ def _attn_split(x, cos, sin, kv, qn_ptr, kn_ptr, part, g, split, pos, p0, eps, s
     tl.store(base + GP * HD + GP + gq, l_i)
 
 
+# the most splits merged at once: their [splits, G, HD] partials are held in registers, so a cache of many
+# splits (64 at 4,096 positions in 64-position splits) is merged in groups of this many with a running max
+COMBINE_SPLITS = tl.constexpr(16)
+
+
 @triton.jit
 def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
-    """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output."""
+    """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output: up to
+    COMBINE_SPLITS splits as one tile (one load, one max), more in groups (_attn_combine_groups)."""
+    if M.SP > COMBINE_SPLITS:
+        _attn_combine_groups(part, attn_out, g, n_act, S, DT, M)
+    else:
+        HD: tl.constexpr = M.HD
+        GP: tl.constexpr = M.GP
+        sp = tl.arange(0, M.SP)
+        gq = tl.arange(0, M.GH)
+        d = tl.arange(0, HD)
+        sm = sp < n_act
+        base = part + (g * S + sp) * GP * (HD + 2)                         # [SP]
+        m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"),
+                    cache_modifier=".cg")
+        l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
+        a = tl.load(base[:, None, None] + gq[None, :, None] * HD + d[None, None, :], mask=sm[:, None, None],
+                    other=0.0, cache_modifier=".cg")                       # [SP, GH, HD]
+        M_ = tl.max(m, axis=0)                                             # [GH]
+        w = tl.where(sm[:, None], tl.exp(m - M_[None, :]), 0.0)            # [SP, GH]
+        o = tl.sum(a * w[:, :, None], axis=0) / tl.sum(l * w, axis=0)[:, None]
+        tl.store(attn_out + (g * M.G + gq)[:, None] * HD + d[None, :], rnd(o, DT), mask=(gq < M.G)[:, None])
+
+
+@triton.jit
+def _attn_combine_groups(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
+    """_attn_combine over many splits: groups of COMBINE_SPLITS, each folded into a running max, weight sum and
+    output (split 0 always holds positions, so the running max is finite after the first group)."""
     HD: tl.constexpr = M.HD
     GP: tl.constexpr = M.GP
-    sp = tl.arange(0, M.SP)
+    sp = tl.arange(0, COMBINE_SPLITS)
     gq = tl.arange(0, M.GH)
     d = tl.arange(0, HD)
-    sm = sp < n_act
-    base = part + (g * S + sp) * GP * (HD + 2)                         # [SP]
-    m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
-    a = tl.load(base[:, None, None] + gq[None, :, None] * HD + d[None, None, :], mask=sm[:, None, None], other=0.0,
-                cache_modifier=".cg")                                  # [SP, GH, HD]
-    M_ = tl.max(m, axis=0)                                             # [GH]
-    w = tl.where(sm[:, None], tl.exp(m - M_[None, :]), 0.0)            # [SP, GH]
-    o = tl.sum(a * w[:, :, None], axis=0) / tl.sum(l * w, axis=0)[:, None]
+    run_m = tl.full([M.GH], float("-inf"), tl.float32)
+    run_l = tl.zeros([M.GH], dtype=tl.float32)
+    run_o = tl.zeros([M.GH, HD], dtype=tl.float32)
+    for s0 in range(0, n_act, COMBINE_SPLITS):
+        sm = (s0 + sp) < n_act
+        base = part + (g * S + s0 + sp) * GP * (HD + 2)
+        m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
+        a = tl.load(base[:, None, None] + gq[None, :, None] * HD + d[None, None, :], mask=sm[:, None, None], other=0.0,
+                    cache_modifier=".cg")
+        new_m = tl.maximum(run_m, tl.max(m, axis=0))
+        keep = tl.where(run_m == float("-inf"), 0.0, tl.exp(run_m - new_m))
+        w = tl.where(sm[:, None], tl.exp(m - new_m[None, :]), 0.0)
+        run_l = run_l * keep + tl.sum(l * w, axis=0)
+        run_o = run_o * keep[:, None] + tl.sum(a * w[:, :, None], axis=0)
+        run_m = new_m
+    o = run_o / run_l[:, None]
     tl.store(attn_out + (g * M.G + gq)[:, None] * HD + d[None, :], rnd(o, DT), mask=(gq < M.G)[:, None])
