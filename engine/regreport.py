@@ -1,6 +1,10 @@
 """Register report of the monokernel, compiled for sm_90 on a machine WITHOUT a GPU.
 
-    python -m kog.engine.regreport --model llama-3.2-1b [--set ctas_per_sm=4] [--maxnreg N] [--json] [--sass]
+    python -m kog.engine.regreport --model llama-3.2-1b [--base sm90|plain] [--set ctas_per_sm=4] [--maxnreg N]
+        [--json] [--sass]
+
+By default the config is the one the engine runs on an sm_90 GPU with no tuned config stored (sm90_default for
+the model and the cache); --set changes fields of it.
 
 The monokernel's speed on the H200 is decided by register pressure (255 registers/thread -> 2 CTAs/SM;
 a 128-register cap for 4 CTAs/SM spills). GPU time is scarce, so this compiles the kernel exactly as the
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kog.engine.config import ModelConfig
-from kog.engine.engine_config import EngineConfig
+from kog.engine.engine_config import EngineConfig, sm90_default
 from kog.errors import KogError, UsageError, cli_entry
 from kog.fsutil import atomic_write_bytes, atomic_write_text
 
@@ -415,6 +419,9 @@ def format_report(r: dict[str, Any]) -> str:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-3.2-1b", help="preset name or HF checkpoint directory")
+    ap.add_argument("--base", choices=["sm90", "plain"], default="sm90",
+                    help="the config --set changes: sm90, what the engine runs on an sm_90 GPU with no tuned config "
+                         "stored (engine_config.sm90_default for the model and the cache); plain, EngineConfig()")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="EngineConfig field (repeatable), e.g. --set ctas_per_sm=4 --set mode=grid")
     ap.add_argument("--maxnreg", type=int, default=None,
@@ -443,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     cfg = load_model(a.model)
     try:
-        ecfg = EngineConfig().replace(**parse_sets(a.set))
+        max_seq = a.max_seq if a.max_seq is not None else max(a.prompt_len + a.tokens + 1, 64)
+        span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)     # as launch_spec
+        base = sm90_default(cfg, span) if a.base == "sm90" else EngineConfig()
+        ecfg = base.replace(**parse_sets(a.set))
     except TypeError as e:
         raise UsageError(f"--set: {e}") from None
     ecfg.validate(cfg)
