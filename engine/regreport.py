@@ -57,6 +57,14 @@ H200_SMS = 132
 
 # ---- the launcher's signature, without weights ----------------------------------------------------------
 
+def cache_span(cfg: ModelConfig, max_seq: int | None, prompt_len: int, tokens: int) -> tuple[int, int]:
+    """(KV cache positions, positions attention covers): max_seq, by default the prompt and the tokens plus one
+    (at least 64, as `kogtune bench`); the span, at most the model's sliding window."""
+    if max_seq is None:
+        max_seq = max(prompt_len + tokens + 1, 64)
+    return max_seq, min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
+
+
 def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, vendor: int = 1,
                 prompt_len: int = 64, tokens: int = 512, max_seq: int | None = None, n_eos: int = 0,
                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
@@ -84,9 +92,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
         sms, e = 1, e.replace(ctas_per_sm=1)
     dt = getattr(torch, cfg.dtype if cfg.dtype in ("bfloat16", "float16") else "bfloat16")
     f32, i32, i64 = (MockTensor(torch.float32), MockTensor(torch.int32), MockTensor(torch.int64))
-    if max_seq is None:
-        max_seq = max(prompt_len + tokens + 1, 64)
-    span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
+    max_seq, span = cache_span(cfg, max_seq, prompt_len, tokens)
     e, attn_splits = e.attn_layout(span)
     p = make_plan(cfg, e, sms, None, attn_splits)
     # Monokernel._pack: the small fp32 buffer's layout decides fnorm_off
@@ -450,8 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     cfg = load_model(a.model)
     try:
-        max_seq = a.max_seq if a.max_seq is not None else max(a.prompt_len + a.tokens + 1, 64)
-        span = min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)     # as launch_spec
+        _, span = cache_span(cfg, a.max_seq, a.prompt_len, a.tokens)
         base = sm90_default(cfg, span) if a.base == "sm90" else EngineConfig()
         ecfg = base.replace(**parse_sets(a.set))
     except TypeError as e:

@@ -388,6 +388,11 @@ def _config_key(e: EngineConfig) -> dict[str, str]:
     return {f: str(v) for f, v in e.to_dict().items()}
 
 
+def _parsed_key(key: str) -> dict[str, str]:
+    """A committed sweep's config key (field=value pairs) as _config_key gives it."""
+    return dict(kv.split("=", 1) for kv in key.split(","))
+
+
 @pytest.mark.parametrize("name", ["llama-3.2-3b", "llama-3.1-8b"])
 def test_sm90_default_is_the_fastest_config_its_committed_check_measured(name):
     """The committed same-run A/B on the H200 (bench/h200/engine_check_span_*): the rule's config for the
@@ -396,7 +401,7 @@ def test_sm90_default_is_the_fastest_config_its_committed_check_measured(name):
     from kog.engine.engine_config import sm90_default
     sweep = _committed_sweep(f"engine_check_span_{name}_2026-12-04.json")
     best = max(sweep, key=sweep.get)
-    assert _config_key(sm90_default(PRESETS[name], 640)) == dict(kv.split("=", 1) for kv in best.split(","))
+    assert _config_key(sm90_default(PRESETS[name], 640)) == _parsed_key(best)
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-1.5b", "qwen3-1.7b", "qwen2.5-3b"])
@@ -406,8 +411,7 @@ def test_sm90_default_is_within_1pct_of_every_one_knob_change_measured(name):
     config is among them and none measured more than 1% faster."""
     from kog.engine.engine_config import sm90_default
     sweep = _committed_sweep(f"engine_check_knobs_{name}_2026-12-04.json")
-    configs = {k: dict(kv.split("=", 1) for kv in k.split(",")) for k in sweep}
-    mine = next(k for k, c in configs.items() if c == _config_key(sm90_default(PRESETS[name], 640)))
+    mine = next(k for k in sweep if _parsed_key(k) == _config_key(sm90_default(PRESETS[name], 640)))
     assert len(sweep) >= 8 and max(sweep.values()) <= 1.01 * sweep[mine]
 
 

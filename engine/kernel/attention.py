@@ -226,7 +226,8 @@ COMBINE_SPLITS = tl.constexpr(16)
 @triton.jit
 def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
     """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output: up to
-    COMBINE_SPLITS splits as one tile (one load, one max), more in groups (_attn_combine_groups)."""
+    COMBINE_SPLITS splits as one tile (one load, one max: no loop or running rescale in the common case),
+    more in groups (_attn_combine_groups)."""
     if M.SP > COMBINE_SPLITS:
         _attn_combine_groups(part, attn_out, g, n_act, S, DT, M)
     else:
