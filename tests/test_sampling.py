@@ -148,6 +148,19 @@ def test_the_search_ends_in_few_rounds_on_model_like_logits():
         assert 1 <= int(rounds.max()) <= 4, (kw, rounds.tolist())
 
 
+def test_the_search_stops_once_no_token_value_lies_between_its_bounds():
+    """Gaussian bf16-rounded logits (the bench's random weights give such flat ones), top-p 0.9: the round
+    whose bracket [lo, hi) holds a single distinct value ends the search (the greatest value below hi is lo),
+    three rounds here; waiting for lo's next float to fail took a fourth. The draws are the same tokens."""
+    for seed, want in ((2, [648, 657]), (3, [974, 220])):
+        lg = (torch.randn(1024, generator=torch.Generator().manual_seed(seed)) * 0.9).bfloat16().float()
+        rounds = torch.zeros(2, dtype=torch.int32)
+        out = sample_tokens(lg, 2, temperature=0.8, top_p=0.9, seed=1, ctas=4, rounds=rounds)
+        assert rounds.tolist() == [3, 3], (seed, rounds.tolist())
+        assert out.tolist() == want
+        assert bool((reference_probs(lg, 0.8, top_p=0.9)[out.long()] > 0).all())
+
+
 def test_a_cta_that_never_meets_is_a_named_timeout_not_a_hang():
     """A grid of 3 where one CTA never arrives: the first meeting gives up, recording E_SAMPLE and the
     arrivals it saw (2 of 3); the launcher names the wait."""

@@ -14,11 +14,12 @@ together (`filtered_pick`), over an even slice of the vocabulary each:
   within it (the largest tau keeping >= top_p of the top-k set's mass, as kog.engine.reference.sample_next
   renormalises after top-k). A round has SAMPLE_CANDS candidates ascending from a bound known to pass
   (lo) towards one known to fail (hi): lo itself, the next float above lo, then an even spread. Every CTA
-  counts over its slice the tokens >= each candidate, their softmax mass and the least value >= each, adds
-  them to the round's sums (integer atomics: the sums do not depend on the order the CTAs come in, so every
-  CTA reads the same sums, narrows to the same bounds, and a seed gives the same tokens) and meets the
-  others. The last passing candidate's least value becomes lo (a token's value), the next candidate hi.
-  The threshold is found when lo's next float fails (lo is the answer: ties at the boundary stay), one
+  counts over its slice the tokens >= each candidate, their softmax mass, the least value >= each and the
+  greatest value below each, adds them to the round's sums (integer atomics: the sums do not depend on the
+  order the CTAs come in, so every CTA reads the same sums, narrows to the same bounds, and a seed gives the
+  same tokens) and meets the others. The last passing candidate's least value becomes lo (a token's value),
+  the next candidate hi. The threshold is found when no token value lies strictly between lo and hi (the
+  greatest value below hi is lo; lo is the answer: ties at the boundary stay), lo's next float fails, one
   token is left between the bounds, top-k keeps exactly k, or after SAMPLE_ROUNDS rounds (lo, a superset
   by less than the candidates' spacing). Logits are rounded to the model dtype, so a couple of rounds
   usually end it;
@@ -76,11 +77,14 @@ def tile_best(scores, idx, mask):
 
 # ---- top-k / top-p over the whole grid ------------------------------------------------------------------------
 
-@triton.jit
+@triton.jit(noinline=True)
 def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexpr, BV: tl.constexpr):
     """(score, token) of the Gumbel-max draw among the tokens of slices c_lo..c_hi-1 that pass top-k / top-p,
     once this CTA's LM-tile max is in f.maxima. The kernel passes its own CTA (c_hi = c_lo + 1); the test
-    kernel a whole simulated grid. Returns after nprog CTAs met at every round."""
+    kernel a whole simulated grid. Returns after nprog CTAs met at every round.
+
+    A call, not inlined: inlined, its rounds made ptxas lay out the whole kernel's GEMV chunk loops
+    differently (their reductions' shared stores as branches: the streaming phases ~25 us a token slower)."""
     NC: tl.constexpr = SAMPLE_CANDS
     j = tl.arange(0, NC)
     _meet(f.arrivals, 0, c_hi - c_lo, nprog, sy, VENDOR)
@@ -93,6 +97,7 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
     hi = _next_up(M)
     a = _spread_start(phase, floor, M, V, top_p)
     cnt_hi = tl.full([], 0, tl.int64)
+    below_hi = M         # the greatest token value below hi
     z = tl.full([], 0, tl.int64)
     first = 1
     rp = 0
@@ -102,15 +107,16 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
             row = f.sums + r * SAMPLE_ROW
             for c in range(c_lo, c_hi):
                 v_hi = tl.minimum(c * per + per, V)
-                cnt, mass, least = _slice_stats(f.logits, c * per, v_hi, cands, M, NC, BV, VENDOR)
-                _post(row, cnt, mass, least, NC)
+                cnt, mass, least, below = _slice_stats(f.logits, c * per, v_hi, cands, M, NC, BV, VENDOR)
+                _post(row, cnt, mass, least, below, NC)
             _meet(f.arrivals, r + 1, c_hi - c_lo, nprog, sy, VENDOR)
-            cnt, mass, least = _round_sums(row, NC)
+            cnt, mass, least, below = _round_sums(row, NC)
             if first != 0:      # top-p's share is of the mass at or above its first round's lo
                 z = tl.sum(tl.where(j == 0, mass, 0), axis=0)
             passes = tl.where(phase == 0, cnt >= top_k, mass.to(tl.float64) >= z.to(tl.float64) * top_p)
             k = tl.where(phase == 0, top_k, -1)
-            lo, hi, cnt_hi, found = _narrow(passes, cnt, least, cands, hi, cnt_hi, k, NC)
+            lo, hi, cnt_hi, below_hi, found = _narrow(passes, cnt, least, below, cands, hi, cnt_hi, below_hi, k,
+                                                      NC)
             a = lo
             first = 0
             rp += 1
@@ -120,6 +126,7 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
                     phase = 1
                     hi = _next_up(M)
                     cnt_hi = tl.full([], 0, tl.int64)
+                    below_hi = M
                     a = _spread_start(phase, lo, M, V, top_p)
                     first = 1
                     rp = 0
@@ -129,17 +136,20 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
 
 
 @triton.jit
-def _narrow(passes, cnt, least, cands, hi, cnt_hi, k, NC: tl.constexpr):
-    """(lo, hi, tokens >= hi, found) after a round: the last passing candidate J (lo itself always passes) gives
-    lo, as the least token value >= it (the same tokens pass), and the next candidate hi. Found: lo's next
+def _narrow(passes, cnt, least, below, cands, hi, cnt_hi, below_hi, k, NC: tl.constexpr):
+    """(lo, hi, tokens >= hi, the greatest value below hi, found) after a round: the last passing candidate J
+    (lo itself always passes) gives lo, as the least token value >= it (the same tokens pass), and the next
+    candidate hi. Found: no token value lies between lo and hi (every token in [lo, hi) equals lo), lo's next
     float fails (J = 0: lo is the threshold), one token is left in [lo, hi), or lo keeps exactly k."""
     j = tl.arange(0, NC)
     J = tl.max(tl.where(passes | (j == 0), j, 0), axis=0)
     cnt_lo = tl.sum(tl.where(j == J, cnt, 0), axis=0)
     cnt_up = tl.where(J == NC - 1, cnt_hi, tl.sum(tl.where(j == J + 1, cnt, 0), axis=0))
+    below_up = tl.where(J == NC - 1, below_hi, tl.max(tl.where(j == J + 1, below, float("-inf")), axis=0))
     hi = tl.where(J == NC - 1, hi, tl.min(tl.where(j == J + 1, cands, float("inf")), axis=0))
     lo = tl.min(tl.where(j == J, least, float("inf")), axis=0)
-    return lo, hi, cnt_up, (J == 0) | (cnt_lo - cnt_up <= 1) | (cnt_lo == k)
+    found = (J == 0) | (cnt_lo - cnt_up <= 1) | (cnt_lo == k) | (below_up == lo)
+    return lo, hi, cnt_up, below_up, found
 
 
 @triton.jit
@@ -209,43 +219,51 @@ def _candidates(lo, a, hi, NC: tl.constexpr):
 
 @triton.jit
 def _slice_stats(lbuf, v_lo, v_hi, cands, M, NC: tl.constexpr, BV: tl.constexpr, VENDOR: tl.constexpr):
-    """Over lbuf[v_lo:v_hi], per candidate: tokens >= it, their mass exp(x - M), the least value >= it,
-    accumulated per (candidate, lane) and reduced once. Those [NC, BV] accumulators take registers from the
-    rest of the kernel, so BV is small; the slice is first prefetched into L1 (every round misses it: the
-    meeting's acquire invalidated L1), so the chunks' loads do not each wait on L2."""
+    """Over lbuf[v_lo:v_hi], per candidate: tokens >= it, their mass exp(x - M), the least value >= it, the
+    greatest value below it, accumulated per (candidate, lane) and reduced once. Those [NC, BV] accumulators
+    take registers from the rest of the kernel, so BV is small; the slice is first prefetched into L1 (every
+    round misses it: the meeting's acquire invalidated L1), so the chunks' loads do not each wait on L2."""
     prefetch_l1(lbuf, v_lo, v_hi, VENDOR)
     rv = tl.arange(0, BV)
     cnt = tl.zeros([NC, BV], dtype=tl.int32)
     mass = tl.zeros([NC, BV], dtype=tl.float32)
     least = tl.full([NC, BV], float("inf"), tl.float32)
+    below = tl.full([NC, BV], float("-inf"), tl.float32)
     for v0 in range(v_lo, v_hi, BV):
         x = tl.load(lbuf + v0 + rv, mask=v0 + rv < v_hi, other=float("-inf"))
         ge = x[None, :] >= cands[:, None]
         cnt += ge.to(tl.int32)
         mass += tl.where(ge, tl.exp(x - M)[None, :], 0.0)
         least = tl.minimum(least, tl.where(ge, x[None, :], float("inf")))
-    return tl.sum(cnt, axis=1), tl.sum(mass, axis=1), tl.min(least, axis=1)
+        below = tl.maximum(below, tl.where(ge, float("-inf"), x[None, :]))
+    return tl.sum(cnt, axis=1), tl.sum(mass, axis=1), tl.min(least, axis=1), tl.max(below, axis=1)
 
 
 @triton.jit
-def _post(row, cnt, mass, least, NC: tl.constexpr):
+def _post(row, cnt, mass, least, below, NC: tl.constexpr):
     """Add one slice's statistics to the round's sums (order-independent integer atomics)."""
     j = tl.arange(0, NC)
     tl.atomic_add(row + j, cnt.to(tl.int64), sem="relaxed", scope="gpu")
     tl.atomic_add(row + NC + j, (mass * MASS_ONE).to(tl.int64), sem="relaxed", scope="gpu")
     key = KEY_TOP - _order_key(least.to(tl.int32, bitcast=True)).to(tl.int64)
     tl.atomic_max(row + 2 * NC + j, tl.where(least < float("inf"), key, 0), sem="relaxed", scope="gpu")
+    key = KEY_TOP + _order_key(below.to(tl.int32, bitcast=True)).to(tl.int64)
+    tl.atomic_max(row + 3 * NC + j, tl.where(below > float("-inf"), key, 0), sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _round_sums(row, NC: tl.constexpr):
-    """The round's sums once every CTA met: counts, masses (fixed point), least values (+inf: none)."""
+    """The round's sums once every CTA met: counts, masses (fixed point), least values (+inf: none), greatest
+    values below (-inf: none)."""
     j = tl.arange(0, NC)
     cnt = tl.load(row + j, cache_modifier=".cg")
     mass = tl.load(row + NC + j, cache_modifier=".cg")
     key = tl.load(row + 2 * NC + j, cache_modifier=".cg")
     bits = _order_key(tl.where(key > 0, KEY_TOP - key, 0).to(tl.int32))
-    return cnt, mass, tl.where(key > 0, bits.to(tl.float32, bitcast=True), float("inf"))
+    least = tl.where(key > 0, bits.to(tl.float32, bitcast=True), float("inf"))
+    key = tl.load(row + 3 * NC + j, cache_modifier=".cg")
+    bits = _order_key(tl.where(key > 0, key - KEY_TOP, 0).to(tl.int32))
+    return cnt, mass, least, tl.where(key > 0, bits.to(tl.float32, bitcast=True), float("-inf"))
 
 
 @triton.jit
