@@ -252,6 +252,20 @@ def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):
         EngineConfig(attn_block=32, attn_tile=24).validate(TINY)
 
 
+@pytest.mark.parametrize("window", [None, 24])
+def test_splits_join_the_merge_as_the_cache_fills(window):
+    """Only splits holding cached positions arrive on the merge's word; the rest of the cache's splits do
+    nothing. Positions 13-26 cross a split boundary inside one launch (with a sliding window of 24 the window
+    then slides), so the number of arrivals per token changes mid-launch: the last live split must still
+    merge every token (a miscount hangs the merge until the bounded wait aborts, or merges too early): same
+    tokens and logits as the float32 reference."""
+    cfg = TINY.replace(arch="mistral", sliding_window=window) if window else TINY
+    for mode in ("targeted", "grid"):
+        ref, got, err = run_both(cfg, torch.float32, SMALL_TILES.replace(mode=mode, attn_block=16),
+                                 [(3 * i) % 200 for i in range(14)], n=14)
+        assert got == ref and err < 1e-4, mode
+
+
 def test_many_splits_merge_in_groups():
     """A cache of more splits than the merge holds at once (20 splits of 16 positions, over COMBINE_SPLITS):
     the last split to arrive folds the partials group by group with a running max. Positions 279-281 make 18

@@ -7,7 +7,7 @@ loaded before the split waits for them. The split holding the new position appli
 to the new key, writes k / v into the cache, and adds the position from registers. Each split stores its
 softmax partial (acc, m, l); the last to arrive on its (layer, KV head) arrival word merges them into the
 head's G rows of the attention output (in groups of COMBINE_SPLITS splits when there are more) and publishes
-them like any tile.
+them like any tile. A split with no cached positions yet does nothing: only the token's live_splits arrive.
 """
 from collections import namedtuple
 
@@ -35,9 +35,7 @@ def attention_task(task, tok, t_start, wc, pend, atr_n, cta, mw, ac, pa, sy, tra
     split = task.tile % S
     kc_layer = M.NKV * fx.max_seq * M.HD
     kbase = mw.cache + tl.cast(task.layer, tl.int64) * 2 * kc_layer + tl.cast(g, tl.int64) * fx.max_seq * M.HD
-    p_lo = 0
-    if fx.window > 0:
-        p_lo = tl.maximum(tok.pos - fx.window + 1, 0)
+    p_lo = _window_start(tok.pos, fx)
     p0 = p_lo + split * C.SPLIT
     waited = tl.zeros([], dtype=tl.int64)
     # stamps of a traced split (attn_stamps); an empty split (p0 > pos) keeps t_start: no wait, inputs, math
@@ -81,24 +79,44 @@ def attention_task(task, tok, t_start, wc, pend, atr_n, cta, mw, ac, pa, sy, tra
                     mw.small + tl.load(so + P_KNORM), ac.part, g, split, tok.pos, p0, fx.eps, fx.sm_scale, S, M, C)
         if C.ATRACE:
             a_split = global_time_ns(C.VENDOR)
-    tl.debug_barrier()
-    # one arrival word per (layer, KV head): a split with no cached positions yet (p0 > pos) arrives at once,
-    # possibly before the previous layer's splits of this head have all arrived; a word shared by the layers
-    # would let that early arrival take the previous layer's merge (no merge, no release: a deadlock)
-    old = tl.atomic_add(sy.sync + S_ARR + task.layer * M.NKV + g, 1, sem="acq_rel", scope="gpu")
-    merged = old == tok.t1 * S - 1
-    if C.ATRACE:
-        a_arr = global_time_after(old, C.VENDOR)
-    if merged:
-        n_act = tl.minimum((tok.pos - p_lo) // C.SPLIT + 1, S)
-        _attn_combine(ac.part, ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_ATTN), g, n_act, S, DT, M)
-        pend = Pending(pend.counter, pend.n + 1)
+    # one arrival word per (layer, KV head), counting only the splits that hold cached positions (a cache
+    # sized for the model's context has mostly empty splits: each arrival is an L2 round trip), so the last
+    # of this token's live_splits merges. A word per layer: an arrival may come before the previous layer's
+    # merge, which a shared word would then miss (no merge, no release: a deadlock).
+    merged = tl.zeros([], dtype=tl.int1)
+    a_arr = t_start
+    if p0 <= tok.pos:
+        tl.debug_barrier()
+        n_act = live_splits(tok.pos, fx, C)
+        old = tl.atomic_add(sy.sync + S_ARR + task.layer * M.NKV + g, 1, sem="acq_rel", scope="gpu")
+        merged = old == tok.arrived + n_act - 1
+        if C.ATRACE:
+            a_arr = global_time_after(old, C.VENDOR)
+        if merged:
+            _attn_combine(ac.part, ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_ATTN), g, n_act, S, DT,
+                          M)
+            pend = Pending(pend.counter, pend.n + 1)
     if C.ATRACE:
         if (tok.step < tra.tokens) & (atr_n < tra.atr_cap):
             attn_stamp(tra, cta, atr_n, (t_start, a_wait, a_in, a_split, a_arr, global_time_ns(C.VENDOR)), merged,
                        tok.step, task.index)
             atr_n += 1
     return wc, pend, waited, atr_n
+
+
+@triton.jit
+def live_splits(pos, fx, C):
+    """Splits of a KV head that hold cached positions when the token at `pos` runs (the others skip it)."""
+    return tl.minimum((pos - _window_start(pos, fx)) // C.SPLIT + 1, fx.attn_splits)
+
+
+@triton.jit
+def _window_start(pos, fx):
+    """The first cached position attention reads (a sliding window's start; 0 without one)."""
+    p_lo = 0
+    if fx.window > 0:
+        p_lo = tl.maximum(pos - fx.window + 1, 0)
+    return p_lo
 
 
 @triton.jit

@@ -17,7 +17,7 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
-from kog.engine.kernel.attention import attention_task
+from kog.engine.kernel.attention import attention_task, live_splits
 from kog.engine.kernel.exchange import exchange_task, pick_across_ranks
 from kog.engine.kernel.gemv import XCache
 from kog.engine.kernel.names import (E_LOGITS, E_RENDEZVOUS, E_TOKEN, HEAD_EARLY_BIT, HEAD_LAYER_SHIFT,
@@ -33,8 +33,9 @@ from kog.engine.kernel.vendor import global_time_ns, sm_id
 # a task's row of the table, decoded (layout.ROW_*)
 Task = namedtuple("Task", "index kind layer tile release wait early point")
 # the token in flight: step of the launch, step + 1 (counter targets scale with it), cache position, the
-# input caches' key of this token
-Tok = namedtuple("Tok", "step t1 pos xtok")
+# input caches' key of this token, the attention arrivals of the launch's earlier tokens (per arrival word:
+# only splits holding cached positions arrive, attention.live_splits of each token)
+Tok = namedtuple("Tok", "step t1 pos xtok arrived")
 # this CTA: its number in the plan and its weight ring
 Cta = namedtuple("Cta", "index rs")
 # what the LM head and the token pick need of the run values
@@ -63,9 +64,11 @@ def monokernel(mw, ac, pa, sy, tra, fx, pos0, n_tokens, force, seed, top_k, inv_
     stop = 0
     tr = 0           # task records written (traced launches)
     atr_n = 0        # attention records written
+    arrived = 0
     for step in range(0, n_tokens):
         t1 = step + 1
-        tok = Tok(step, t1, pos0 + step, t1.to(tl.int64) * 4294967296)
+        tok = Tok(step, t1, pos0 + step, t1.to(tl.int64) * 4294967296, arrived)
+        arrived += live_splits(tok.pos, fx, C)
         if stop == 0:   # this token's input embedding is ready, unless generation stopped at EOS
             spin_until(sy.sync + S_TOK, step, sy, E_TOKEN, -1, C.VENDOR)
             stop = tl.load(sy.sync + S_STOP, volatile=True)
