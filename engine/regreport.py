@@ -13,7 +13,8 @@ Triton's own compiler for GPUTarget("cuda", 90, 32), and reads the resources off
 
   registers/thread, spill stores/loads and stack frame (ptxas -v), Triton's shared memory, the CTAs per SM
   that allows for the config's num_warps (H100/H200 limits), compile seconds; with --sass the counts of
-  128-bit vs narrower global loads and of local-memory (LDL/STL) instructions in the SASS.
+  128-bit vs narrower global loads and of local-memory (LDL/STL) instructions in the SASS, and the shared
+  loads of each GEMV chunk block (two variants whose chunk blocks differ stream differently).
 
 `triton_n_spills` is what Triton's CompiledKernel.n_spills (and the bench JSON's "spills") reports on a
 GPU: the driver's local memory bytes per thread / 4, i.e. the stack frame / 4.
@@ -284,6 +285,29 @@ def sass_text(cubin: bytes) -> str:
         raise UsageError("no working cuobjdump or nvdisasm (looked in triton/backends/nvidia/bin and PATH)")
 
 
+_INS_RE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", re.MULTILINE)
+_TARGET_RE = re.compile(r"0x([0-9a-f]+)")
+STREAM_BLOCK_LDS = 16       # a basic block with this many shared loads is a GEMV chunk block (the ring's tiles)
+
+
+def shared_load_blocks(sass: str) -> list[int]:
+    """Shared loads (LDS) of each basic block that has at least STREAM_BLOCK_LDS, in program order: the GEMV
+    chunk loops' shape. Blocks start at branch targets and after a branch. Two variants of the kernel whose
+    chunk blocks match stream alike; ptxas laying them out differently (split blocks) cost streaming time."""
+    ins = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INS_RE.finditer(sass)]
+    targets = {int(t.group(1), 16) for _, op, rest in ins if op.startswith("BRA") for t in [_TARGET_RE.search(rest)]
+               if t}
+    out, n, prev_branch = [], 0, False
+    for addr, op, _ in ins:
+        if (addr in targets or prev_branch) and n:
+            out.append(n)
+            n = 0
+        n += op.startswith("LDS")
+        prev_branch = op.startswith(("BRA", "EXIT", "RET", "CALL"))
+    out.append(n)
+    return [b for b in out if b >= STREAM_BLOCK_LDS]
+
+
 def sass_counts(sass: str) -> dict[str, Any]:
     """Instruction counts that matter for a weight stream: global loads by width, local memory traffic."""
     ops: dict[str, int] = {}
@@ -303,6 +327,7 @@ def sass_counts(sass: str) -> dict[str, Any]:
         "stl": sum(v for k, v in ops.items() if k.startswith("STL")),
         "stg": sum(v for k, v in ops.items() if k.startswith("STG")),
         "atomics": sum(v for k, v in ops.items() if k.startswith(("ATOMG", "RED", "ATOM"))),
+        "shared_load_blocks": shared_load_blocks(sass),
     }
 
 
@@ -419,6 +444,7 @@ def format_report(r: dict[str, Any]) -> str:
         s = r["sass"]
         lines.append(f"  SASS               {s['instructions']} instructions; LDG.128 {s['ldg_128']}, narrower LDG "
                      f"{s['ldg_narrower']} (weak {s['ldg_narrower_weak']}) {s['ldg_by_variant']}; LDL {s['ldl']}, STL {s['stl']}")
+        lines.append(f"  chunk blocks       shared loads {s['shared_load_blocks']}")
     return "\n".join(lines)
 
 
