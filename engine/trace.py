@@ -54,7 +54,7 @@ def attn_stamps_table(atr: np.ndarray, plan: Plan):
     merged, wait_ns, inputs_ns, split_ns, arrive_ns, merge_ns]: the time from its start to its q/k/v being
     ready (wait), reading them (inputs), its math up to its stored partials (split), the arrival atomic
     (arrive), and the rest of the task (merge: the last arriver's merge; ~0 for the others). An empty split
-    (no cached position yet) has only arrive and merge."""
+    (no cached position yet) does nothing: all its time is in merge (its task's end), the rest 0."""
     import pandas as pd
     splits = int(plan.meta.get("attn_splits", 1))
     rows = []
