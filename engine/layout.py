@@ -75,8 +75,8 @@ ROW_AREA = 512          # byte offset of the two row blocks inside the mbarriers
 # ---- the top-k / top-p search (kernel/sampling.py) -------------------------------------------------------------------
 SAMPLE_CANDS = 32       # candidate thresholds per round
 SAMPLE_ROUNDS = 6       # rounds per threshold at most (top-k's, then top-p's): 1 + 2 * 6 arrival words
-SAMPLE_ROW = 4 * SAMPLE_CANDS   # int64 per round in ActArgs.search: per candidate its count, mass, least value,
-#                                 greatest value below
+# int64 per round in ActArgs.search: per candidate its count, mass, least value, greatest value below
+SAMPLE_ROW = 4 * SAMPLE_CANDS
 assert 1 + 2 * SAMPLE_ROUNDS <= SAMPLE_WORDS and S_SAMPLE + SAMPLE_WORDS <= S_ARR
 
 # ---- tensor parallelism: the per-rank peer table (int64), kernel/exchange.py ---------------------------------------
