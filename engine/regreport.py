@@ -267,7 +267,8 @@ def occupancy(regs: int, smem_bytes: int, num_warps: int) -> dict[str, Any]:
 
 # ---- SASS ----------------------------------------------------------------------------------------------------
 
-_OP_RE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.MULTILINE)
+# one SASS instruction line: its address, opcode (predicate dropped) and operands
+_INS_RE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)", re.MULTILINE)
 
 
 def sass_text(cubin: bytes) -> str:
@@ -285,7 +286,6 @@ def sass_text(cubin: bytes) -> str:
         raise UsageError("no working cuobjdump or nvdisasm (looked in triton/backends/nvidia/bin and PATH)")
 
 
-_INS_RE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", re.MULTILINE)
 _TARGET_RE = re.compile(r"0x([0-9a-f]+)")
 STREAM_BLOCK_LDS = 16       # a basic block with this many shared loads is a GEMV chunk block (the ring's tiles)
 
@@ -311,8 +311,8 @@ def shared_load_blocks(sass: str) -> list[int]:
 def sass_counts(sass: str) -> dict[str, Any]:
     """Instruction counts that matter for a weight stream: global loads by width, local memory traffic."""
     ops: dict[str, int] = {}
-    for m in _OP_RE.finditer(sass):
-        ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    for m in _INS_RE.finditer(sass):
+        ops[m.group(2)] = ops.get(m.group(2), 0) + 1
     ldg = {k: v for k, v in ops.items() if k.startswith("LDG")}
     wide = sum(v for k, v in ldg.items() if ".128" in k)
     return {
