@@ -24,6 +24,7 @@ finds every row it reads written for this token, and no CTA stalls.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 import numpy as np
 
 from kog.engine.config import ConfigError, ModelConfig
@@ -283,7 +284,8 @@ def _label(typ: int, layer: int, tile: int) -> str:
     return f"{TASK_NAMES[typ]} layer {layer} tile {tile}"
 
 
-def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig, tokens: int = 2) -> None:
+def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig, tokens: int = 2,
+               live_splits: Callable[[int], int] | None = None) -> None:
     """ScheduleError (an AssertionError) naming the first broken invariant:
     1. every task exactly once, each CTA's list in phase order (grid mode: every CTA meets every barrier, each
        between its phase's tasks and the next phase's);
@@ -292,14 +294,17 @@ def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig, tokens: int =
        releases it gets a token; so a wait that completes covers every row the task reads. A residual read
        before the wait is covered by an earlier wait of the same CTA on that buffer;
     3. `tokens` decode steps with every CTA co-resident, releases deferred as the kernel defers them, the
-       attention merges and the token hand-off as the kernel does them: no CTA stalls (engine/schedule.py)."""
+       attention merges and the token hand-off as the kernel does them: no CTA stalls (engine/schedule.py).
+    live_splits(token): the attention splits of each KV head that hold cached positions at that token (only
+    they arrive; kernel/attention.live_splits); default every split, the full cache, which waits the most."""
     splits = plan.meta.get("attn_splits", 1)
     _check_tasks(plan, model, ecfg, splits)
     io = [task_io(model, ecfg, int(t[0]), int(t[1]), int(t[2]), splits) if t[0] != T_BAR else None
           for t in plan.tasks]
     _check_table(plan, model, ecfg, splits, io)
     _check_early_residuals(plan, io)
-    simulate(_programs(plan, model, ecfg, splits, io), tokens, describe=lambda o: _describe(plan, o))
+    live = live_splits or (lambda t: splits)
+    simulate(_programs(plan, model, ecfg, splits, io, live), tokens, describe=lambda o: _describe(plan, o))
 
 
 def _check_tasks(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int) -> None:
@@ -395,7 +400,8 @@ def _describe(plan: Plan, obj) -> str:
     return f"counter {obj}"
 
 
-def _programs(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int, io: list) -> list[list[Step]]:
+def _programs(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int, io: list,
+              live: Callable[[int], int]) -> list[list[Step]]:
     """Each CTA's steps for one token, as the kernel executes its table (kernel/entry.py): wait for the token,
     then its tasks (waits, releases), then publish, meet the others (top-k / top-p), arrive, and the last
     CTA hands over. Consecutive GEMV
@@ -415,7 +421,7 @@ def _programs(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int, i
         bounds = np.concatenate([[0], cut + 1, [len(t)]]) + lo
         for i, j in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             if j > i:
-                steps += _task_steps(plan, ecfg, splits, i, j, io, rel_col, targeted, tags)
+                steps += _task_steps(plan, ecfg, splits, i, j, io, rel_col, targeted, tags, live)
         steps += _sampling_meeting(plan.grid)
         steps.append(Step("token end", actions=(("flush",), ("arrive", "done", plan.grid, handoff))))
         programs.append(steps)
@@ -432,7 +438,7 @@ def _sampling_meeting(grid: int) -> list[Step]:
 
 
 def _task_steps(plan: Plan, ecfg: EngineConfig, splits: int, i: int, j: int, io: list, rel_col: np.ndarray,
-                targeted: bool, tags: "_TagRanges") -> list[Step]:
+                targeted: bool, tags: "_TagRanges", live: Callable[[int], int]) -> list[Step]:
     """The steps of tasks i..j-1 of a CTA (one task, or consecutive GEMV tasks of one phase and layer)."""
     typ, layer, tile, bar = (int(x) for x in plan.tasks[i])
     if typ == T_BAR:
@@ -445,7 +451,7 @@ def _task_steps(plan: Plan, ecfg: EngineConfig, splits: int, i: int, j: int, io:
     actions: list[tuple] = []
     if typ == T_ATTN:
         merge = [Step(f"merge {_label(typ, layer, tile)}", actions=(("tile",),) if targeted else ())]
-        actions.append(("arrive", ("arrivals", layer, tile // splits), splits, merge))
+        actions.append(("arrive_live", ("arrivals", layer, tile // splits), tile % splits, live, merge))
     elif typ == T_QKV and plan.tagged_qkv:
         for k in range(i, j):        # each tile's tagged words count toward every read range they overlap
             w = io[k][2]

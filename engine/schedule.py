@@ -19,8 +19,12 @@ A schedule is, per CTA, the list of steps one token takes. A step is
               ("flush",)                  publish the pending tiles
               ("arrive", object, every, steps)
                                           value[object] += 1, and the arrival that brings it to a multiple of
-                                          `every` runs `steps` right away (the last split merges, the last CTA
-                                          hands the token over)
+                                          `every` runs `steps` right away (the last CTA hands the token over)
+              ("arrive_live", object, index, live, steps)
+                                          an attention split: only a split holding cached positions arrives
+                                          (index < live(token)), and the arrival that brings the object to the
+                                          sum of live(u) over tokens u <= token runs `steps` (the last live
+                                          split merges; kernel/attention.py)
   on_start, on_run  callbacks (token) -> None|str run when the CTA reaches the step and when the step runs:
                     the plan's coverage checks (a returned string is a violation)
 
@@ -104,6 +108,13 @@ def simulate(programs: list[list[Step]], tokens: int = 2, describe: Callable[[Ha
                 bump(a[1], 1)
                 if v % a[2] == 0:
                     c.extra.extendleft((s_, t) for s_ in reversed(a[3]))
+            elif kind == "arrive_live":
+                live = a[3]
+                if a[2] < live(t):
+                    v = val.get(a[1], 0) + 1
+                    bump(a[1], 1)
+                    if v == sum(live(u) for u in range(t + 1)):
+                        c.extra.extendleft((s_, t) for s_ in reversed(a[4]))
             else:
                 raise ValueError(f"unknown action {kind!r}")
 

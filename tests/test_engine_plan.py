@@ -222,12 +222,43 @@ def test_the_simulation_finds_a_deadlock_and_names_the_stuck_wait():
     assert simulate([c, d], tokens=1) == {"x": 1, "y": 1}
 
 
+def test_live_splits_merge_at_the_last_live_arrival():
+    """Only splits holding cached positions arrive (kernel/attention.py): token t's merge runs at the arrival
+    that brings the word to live(0) + ... + live(t). Three splits (one CTA each), live 1, 2, 3 over three
+    tokens: one merge a token, each once that token's live splits arrived; a count that expects a split which
+    never arrives (live above the splits the CTAs run) stalls the next token's consumer."""
+    def programs(n_splits):
+        merge = [Step("merge", actions=(("add", "merged", 1),))]
+        return [[Step(f"split {s}", actions=(("arrive_live", "arr", s, live, merge),)),
+                 Step("o", waits=(("merged", 1, 0),))] for s in range(n_splits)]
+
+    def live(t):
+        return [1, 2, 3][t]
+    assert simulate(programs(3), tokens=3) == {"arr": 6, "merged": 3}
+    with pytest.raises(ScheduleError, match=r"stuck at token 1 on o, waiting on merged \(1 < 2\)"):
+        simulate(programs(1), tokens=3)
+
+
+@pytest.mark.parametrize("mode", ["targeted", "grid"])
+def test_the_checker_runs_a_cache_filling_up(mode):
+    """check_plan with the splits that hold positions growing token by token (1, 2, 3 of 3, the kernel's
+    live_splits as a cache fills) passes; in targeted mode, counting a split the plan does not have leaves a
+    merge undone and its O waiting (grid mode's O waits on a barrier, not on the merge)."""
+    cfg = PRESETS["tiny"]
+    e = EngineConfig(mode=mode, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, sync_rows=32)
+    p = make_plan(cfg, e, 3, attn_splits=3)
+    check_plan(p, cfg, e, tokens=3, live_splits=lambda t: t + 1)
+    if mode == "targeted":
+        with pytest.raises(ScheduleError, match=r"deadlock: .* on o layer 0"):
+            check_plan(p, cfg, e, tokens=3, live_splits=lambda t: t + 2)
+
+
 def test_arrival_words_per_layer_keep_an_empty_split_from_taking_an_earlier_layer_merge():
-    """The kernel counts attention arrivals per (layer, KV head). A split with no cached positions yet skips
-    its input wait and arrives at once; with one word per KV head across layers, layer 1's empty split lands
-    while layer 0's real last split is still waiting, so the arrival that completes a count is the wrong
-    layer's: layer 0's attention output is never released and its O task waits forever. Two CTAs: one runs
-    the empty splits, the other layer 0's splits and O."""
+    """The kernel counts attention arrivals per (layer, KV head). When a split with no cached positions still
+    arrived (at once, with no input wait: the kernel before live_splits), one word per KV head across layers
+    let layer 1's empty split land while layer 0's real last split was still waiting, so the arrival that
+    completed a count was the wrong layer's: layer 0's attention output was never released and its O task
+    waited forever. Two CTAs: one runs the empty splits, the other layer 0's splits and O."""
     def programs(key):
         def split(layer, waits):
             merge = [Step(f"merge layer {layer}", actions=(("add", ("attn", layer), 1),))]
