@@ -279,7 +279,7 @@ def cache_positions(cfg: ModelConfig, max_seq: int | None) -> int:
 def engine_config(cfg: ModelConfig, config, mode: str, device, max_seq: int) -> EngineConfig:
     """The monokernel's config: `config` (an EngineConfig, or a function of the model config and the cache
     span) or the platform's default for this cache, in sync mode `mode`."""
-    span = min(max_seq, cfg.sliding_window or max_seq)
+    span = cfg.attention_span(max_seq)
     if config is None:
         from kog.engine.monokernel import platform_default
         e = platform_default(cfg, device, span)

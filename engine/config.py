@@ -113,6 +113,10 @@ class ModelConfig:
             n += self.num_layers * 2 * self.head_dim
         return n * es
 
+    def attention_span(self, max_seq: int) -> int:
+        """Cache positions attention reads for a cache of max_seq: all of them, or the sliding window's."""
+        return min(max_seq, self.sliding_window or max_seq)
+
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
 

@@ -197,8 +197,7 @@ class Monokernel:
         self.max_seq = self.ref.max_seq
         self.cache = self.ref.cache        # the KV cache the prefill fills and the kernel extends
         # attention splits: each covers attn_block positions, together the whole cache (or the sliding window)
-        span = min(self.max_seq, getattr(cfg, "sliding_window", None) or self.max_seq)
-        self.ecfg, self.attn_splits = self.ecfg.attn_layout(span)
+        self.ecfg, self.attn_splits = self.ecfg.attn_layout(cfg.attention_span(self.max_seq))
         self.plan: Plan = self._make_plan(sms, sm_partition)
         self.trace_tokens = trace_tokens
         # traced launches also stamp each attention split's sub-steps (kog.engine.trace.attn_stamps_table)

@@ -63,7 +63,7 @@ def cache_span(cfg: ModelConfig, max_seq: int | None, prompt_len: int, tokens: i
     (at least 64, as `kogtune bench`); the span, at most the model's sliding window."""
     if max_seq is None:
         max_seq = max(prompt_len + tokens + 1, 64)
-    return max_seq, min(max_seq, getattr(cfg, "sliding_window", None) or max_seq)
+    return max_seq, cfg.attention_span(max_seq)
 
 
 def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, vendor: int = 1,
@@ -295,8 +295,11 @@ def shared_load_blocks(sass: str) -> list[int]:
     chunk loops' shape. Blocks start at branch targets and after a branch. Two variants of the kernel whose
     chunk blocks match stream alike; ptxas laying them out differently (split blocks) cost streaming time."""
     ins = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INS_RE.finditer(sass)]
-    targets = {int(t.group(1), 16) for _, op, rest in ins if op.startswith("BRA") for t in [_TARGET_RE.search(rest)]
-               if t}
+    targets = set()
+    for _, op, rest in ins:
+        t = _TARGET_RE.search(rest) if op.startswith("BRA") else None
+        if t:
+            targets.add(int(t.group(1), 16))
     out, n, prev_branch = [], 0, False
     for addr, op, _ in ins:
         if (addr in targets or prev_branch) and n:

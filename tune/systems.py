@@ -35,7 +35,7 @@ class KogSystem:
             return self.mk
         from kog.engine.monokernel import Monokernel
         max_seq = max(need, MIN_MAX_SEQ)
-        span = min(max_seq, self.cfg.sliding_window or max_seq)
+        span = self.cfg.attention_span(max_seq)
         self.ecfg = self._config(span)          # a long cache may need another config (fewer ring slots)
         self.mk = Monokernel(self.cfg, self.weights, self.ecfg, self.device, max_seq=max_seq,
                              trace_tokens=TRACE_TOKENS)
