@@ -172,7 +172,7 @@ def test_compiles_tiny_for_sm90_without_a_gpu(tmp_path):
 def test_top_p_compiles_the_gemv_loops_as_greedy_does():
     """The top-k / top-p search is a call (sampling.filtered_pick): inlined, ptxas laid out every GEMV chunk
     loop of the kernel differently from greedy's (each chunk block of 74 shared loads split at branches around
-    the reduction's stores: 64 + 10), and top-p streamed ~25 us a token slower on the H200. llama-3.2-1b's
+    the reduction's stores: 64 + 10), and top-p streamed slower on the H200 (docs/engine-notes.md). llama-3.2-1b's
     sm_90 config: the top-p variant's chunk blocks are greedy's."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     blocks = []

@@ -84,7 +84,7 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
     kernel a whole simulated grid. Returns after nprog CTAs met at every round.
 
     A call, not inlined: inlined, its rounds made ptxas lay out the whole kernel's GEMV chunk loops
-    differently (their reductions' shared stores as branches: the streaming phases ~25 us a token slower)."""
+    differently (their reductions' shared stores as branches), and the weight stream slowed (docs/engine-notes.md)."""
     NC: tl.constexpr = SAMPLE_CANDS
     j = tl.arange(0, NC)
     _meet(f.arrivals, 0, c_hi - c_lo, nprog, sy, VENDOR)
