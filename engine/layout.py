@@ -56,8 +56,8 @@ S_STOP = 4              # EOS seen
 S_NTOK = 5              # tokens produced
 S_SLOT = 16             # start-up rendezvous of the topology mapping
 S_SAMPLE = 32           # SAMPLE_WORDS arrival words of the top-k / top-p search (kernel/sampling.py): round 0 (the
-                        # grid's max logit), then each search round; the token's last CTA zeroes them
-SAMPLE_WORDS = 16
+                        # grid's max logit and first draw), then each search round; the token's last CTA zeroes them
+SAMPLE_WORDS = 32
 S_ARR = 1024            # arrivals of attention splits, one word per (layer, KV head) (monotonic)
 
 # ---- what a timed-out wait names in the error record (err = [1, what, task, target, value]) -----------------------
@@ -73,11 +73,19 @@ ROW_BLOCK = 16          # task rows loaded per block into shared memory, two blo
 ROW_AREA = 512          # byte offset of the two row blocks inside the mbarriers' region (<= 16 slots use 128 B)
 
 # ---- the top-k / top-p search (kernel/sampling.py) -------------------------------------------------------------------
-SAMPLE_CANDS = 32       # candidate thresholds per round
-SAMPLE_ROUNDS = 6       # rounds per threshold at most (top-k's, then top-p's): 1 + 2 * 6 arrival words
-# int64 per round in ActArgs.search: per candidate its count, mass, least value, greatest value below
-SAMPLE_ROW = 4 * SAMPLE_CANDS
-assert 1 + 2 * SAMPLE_ROUNDS <= SAMPLE_WORDS and S_SAMPLE + SAMPLE_WORDS <= S_ARR
+SAMPLE_CANDS = 32       # candidate thresholds per top-k round
+SAMPLE_ROUNDS = 6       # top-k rounds at most
+SAMPLE_P_ROUNDS = 12    # top-p rounds at most (each one draw tested against the nucleus)
+SAMPLE_P_BOUNDS = 4     # per top-p round: the draw's value and 3 bounds above it, each with its mass and best score
+# ActArgs.search (int64): top-k's rounds, SAMPLE_ROW each (per candidate its count, least value, greatest value
+# below); round 0's best Gumbel score (one word at SAMPLE_PICK); top-p's rounds, SAMPLE_P_ROW each (the kept
+# mass, then per bound the mass above it and the best score above it: one 128-byte line)
+SAMPLE_ROW = 3 * SAMPLE_CANDS
+SAMPLE_PICK = SAMPLE_ROUNDS * SAMPLE_ROW
+SAMPLE_P_ROW = 16
+SAMPLE_SEARCH = SAMPLE_PICK + SAMPLE_P_ROW + SAMPLE_P_ROUNDS * SAMPLE_P_ROW
+assert 1 + SAMPLE_ROUNDS + SAMPLE_P_ROUNDS <= SAMPLE_WORDS and S_SAMPLE + SAMPLE_WORDS <= S_ARR
+assert 1 + 2 * SAMPLE_P_BOUNDS <= SAMPLE_P_ROW
 
 # ---- tensor parallelism: the per-rank peer table (int64), kernel/exchange.py ---------------------------------------
 TP_RANK, TP_VOCAB_LO, TP_SAMPLE_FLAG = 0, 1, 2

@@ -271,7 +271,7 @@ class Monokernel:
         # the CTAs' picks; top-k / top-p's scaled logits, Gumbel scores and CTA maxima (kernel/entry.py _filter)
         self.partial_v = torch.zeros(2 * self.gpow + 2 * cfg.vocab_size, dtype=torch.float32, device=dev)
         self.partial_i = torch.zeros(self.gpow, dtype=torch.int32, device=dev)
-        self.search = torch.zeros(2 * LY.SAMPLE_ROUNDS * LY.SAMPLE_ROW, dtype=torch.int64, device=dev)
+        self.search = torch.zeros(LY.SAMPLE_SEARCH, dtype=torch.int64, device=dev)
         gp = max(16, _next_pow2(cfg.num_heads // cfg.num_kv_heads))
         self.part = torch.zeros(cfg.num_kv_heads * self.attn_splits * gp * (cfg.head_dim + 2),
                                 dtype=torch.float32, device=dev)

@@ -291,15 +291,20 @@ STREAM_BLOCK_LDS = 16       # a basic block with this many shared loads is a GEM
 
 
 def shared_load_blocks(sass: str) -> list[int]:
-    """Shared loads (LDS) of each basic block that has at least STREAM_BLOCK_LDS, in program order: the GEMV
-    chunk loops' shape. Blocks start at branch targets and after a branch. Two variants of the kernel whose
-    chunk blocks match stream alike; ptxas laying them out differently (split blocks) cost streaming time."""
+    """Shared loads (LDS) of each basic block of the kernel's own code that has at least STREAM_BLOCK_LDS, in
+    program order: the GEMV chunk loops' shape. Blocks start at branch targets and after a branch; functions
+    the kernel calls (placed after it) are left out. Two variants of the kernel whose chunk blocks match
+    stream alike; ptxas laying them out differently (split blocks) cost streaming time."""
     ins = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INS_RE.finditer(sass)]
-    targets = set()
+    targets, calls = set(), []
     for _, op, rest in ins:
-        t = _TARGET_RE.search(rest) if op.startswith("BRA") else None
-        if t:
+        t = _TARGET_RE.search(rest) if op.startswith(("BRA", "CALL")) else None
+        if t and op.startswith("CALL"):
+            calls.append(int(t.group(1), 16))
+        elif t:
             targets.add(int(t.group(1), 16))
+    if calls:
+        ins = [i for i in ins if i[0] < min(calls)]
     out, n, prev_branch = [], 0, False
     for addr, op, _ in ins:
         if (addr in targets or prev_branch) and n:

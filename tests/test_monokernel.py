@@ -84,20 +84,21 @@ def test_sampling_is_seeded():
     assert a != c
 
 
-@pytest.mark.parametrize("mode", ["targeted", "grid"])
-def test_top_k_top_p_tokens_are_seeded_and_kept_by_the_reference(mode):
-    """Top-k then top-p inside the kernel (every CTA's search, sampling.filtered_pick): seeded, and each token
-    is one sample_next could draw from the logits it was drawn from (teacher-forced along the tokens):
-    test_sampling.reference_probs gives it a positive probability."""
+@pytest.mark.parametrize("mode, top_k, top_p", [("targeted", 20, 0.9), ("grid", 20, 0.9), ("targeted", 0, 0.9)])
+def test_top_k_top_p_tokens_are_seeded_and_kept_by_the_reference(mode, top_k, top_p):
+    """Top-k then top-p inside the kernel (every CTA's search, sampling.filtered_pick), and top-p alone (round
+    0's draw tested first): seeded, and each token is one sample_next could draw from the logits it was drawn
+    from (teacher-forced along the tokens): test_sampling.reference_probs gives it a positive probability."""
     from test_sampling import reference_probs
     w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
     mk = Monokernel(TINY, w, SMALL_TILES.replace(mode=mode), max_seq=64)
     mk.n_eos = 0
-    a, _ = mk.generate([5, 6, 7], 3, temperature=0.8, top_k=20, top_p=0.9, seed=11)
-    assert a == mk.generate([5, 6, 7], 3, temperature=0.8, top_k=20, top_p=0.9, seed=11)[0]
-    assert a != mk.generate([5, 6, 7], 3, temperature=0.8, top_k=20, top_p=0.9, seed=12)[0]
+    opts = dict(temperature=0.8, top_k=top_k, top_p=top_p)
+    a, _ = mk.generate([5, 6, 7], 3, seed=11, **opts)
+    assert a == mk.generate([5, 6, 7], 3, seed=11, **opts)[0]
+    assert a != mk.generate([5, 6, 7], 3, seed=12, **opts)[0]
     for row, tok in zip(mk.teacher_forced_logits([5, 6, 7], a), a):
-        assert reference_probs(row, 0.8, top_k=20, top_p=0.9)[tok] > 0
+        assert reference_probs(row, **opts)[tok] > 0
 
 
 def test_a_wait_that_can_never_complete_is_an_error_not_a_hang():
@@ -109,11 +110,12 @@ def test_a_wait_that_can_never_complete_is_an_error_not_a_hang():
         mk.generate([5, 6, 7], 2)
 
 
-@pytest.mark.parametrize("mode", ["targeted", "grid"])
-def test_logits_that_pick_no_token_abort_instead_of_indexing_past_the_embedding(mode):
+@pytest.mark.parametrize("mode, opts", [("targeted", {}), ("grid", {}),
+                                        ("targeted", {"temperature": 0.8, "top_p": 0.9})])
+def test_logits_that_pick_no_token_abort_instead_of_indexing_past_the_embedding(mode, opts):
     """NaN in the streamed weights after the build (garbage activations do the same): every logit is NaN, and
-    each tile's best stays its initial (-inf, id 0), a silent token 0. The kernel records it and aborts; the
-    host names the step."""
+    each tile's best stays its initial (-inf, id 0), a silent token 0 (top-p: no draw is ever kept). The
+    kernel records it and aborts; the host names the step."""
     w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
     mk = Monokernel(TINY, w, SMALL_TILES.replace(mode=mode), max_seq=64)
     mk.n_eos = 0
@@ -121,7 +123,7 @@ def test_logits_that_pick_no_token_abort_instead_of_indexing_past_the_embedding(
     packed = mk.wbuf.clone()
     mk.wbuf.fill_(float("nan"))
     with pytest.raises(MonokernelError, match=r"no token could be picked at step 0 .*not finite"):
-        mk.generate([5, 6, 7], 3)
+        mk.generate([5, 6, 7], 3, **opts)
     mk.wbuf.copy_(packed)
     assert mk.generate([5, 6, 7], 3)[0] == clean          # the next launch on the same engine is clean
 

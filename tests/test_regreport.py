@@ -137,6 +137,11 @@ def test_shared_load_blocks_split_at_branches():
             "        /*0280*/                   LDS R3, [R2] ;\n")
     assert rr.shared_load_blocks(sass) == [20, 20]
     assert rr.sass_counts(sass)["shared_load_blocks"] == [20, 20]
+    # a function the kernel calls is placed after it: its blocks are not the kernel's
+    called = lds.replace("/*01", "/*09").replace("/*02", "/*0a")
+    sass = sass.replace("/*0280*/                   LDS", "/*0280*/                   CALL.REL.NOINC 0x900 ;\n"
+                        "        /*0290*/                   EXIT ;\n        /*02a0*/                   LDS") + called
+    assert rr.shared_load_blocks(sass) == [20, 20]
 
 
 def test_set_parsing_and_usage_errors():

@@ -148,17 +148,41 @@ def test_the_search_ends_in_few_rounds_on_model_like_logits():
         assert 1 <= int(rounds.max()) <= 4, (kw, rounds.tolist())
 
 
-def test_the_search_stops_once_no_token_value_lies_between_its_bounds():
-    """Gaussian bf16-rounded logits (the bench's random weights give such flat ones), top-p 0.9: the round
+def test_the_top_k_search_stops_once_no_token_value_lies_between_its_bounds():
+    """Gaussian bf16-rounded logits (the bench's random weights give such flat ones), top-k 100: the round
     whose bracket [lo, hi) holds a single distinct value ends the search (the greatest value below hi is lo),
-    three rounds here; waiting for lo's next float to fail took a fourth. The draws are the same tokens."""
-    for seed, want in ((2, [648, 657]), (3, [974, 220])):
+    three rounds here; waiting for lo's next float to fail took a fourth."""
+    for seed, want in ((2, [599, 657]), (3, [508, 220])):
         lg = (torch.randn(1024, generator=torch.Generator().manual_seed(seed)) * 0.9).bfloat16().float()
         rounds = torch.zeros(2, dtype=torch.int32)
-        out = sample_tokens(lg, 2, temperature=0.8, top_p=0.9, seed=1, ctas=4, rounds=rounds)
+        out = sample_tokens(lg, 2, temperature=0.8, top_k=100, seed=1, ctas=4, rounds=rounds)
         assert rounds.tolist() == [3, 3], (seed, rounds.tolist())
         assert out.tolist() == want
+        assert bool((reference_probs(lg, 0.8, top_k=100)[out.long()] > 0).all())
+
+
+def test_top_p_mostly_accepts_the_first_draw():
+    """Top-p 0.9 tests draws against the nucleus instead of searching for its threshold: on Gaussian
+    bf16-rounded logits most draws are accepted in the first round (a search took three rounds a draw), and
+    the tokens are the ones the search's threshold gave (the best score within the nucleus either way)."""
+    for seed, first in ((2, [648, 657]), (3, [974, 220])):
+        lg = (torch.randn(1024, generator=torch.Generator().manual_seed(seed)) * 0.9).bfloat16().float()
+        rounds = torch.zeros(24, dtype=torch.int32)
+        out = sample_tokens(lg, 24, temperature=0.8, top_p=0.9, seed=1, ctas=4, rounds=rounds)
+        assert out.tolist()[:2] == first
         assert bool((reference_probs(lg, 0.8, top_p=0.9)[out.long()] > 0).all())
+        assert int((rounds == 1).sum()) >= 20 and int(rounds.max()) <= 2, rounds.tolist()
+
+
+def test_a_rejection_rules_out_more_than_the_draw():
+    """Top-p 1e-6 keeps only the top token: each rejected draw rules out the tokens at or below the highest of
+    the round's bounds with enough mass above it (the draw's value and three spread towards the max), so a flat
+    1024-token vocabulary takes at most four rounds (the draw's value alone took up to eight here)."""
+    lg = (torch.randn(1024, generator=torch.Generator().manual_seed(2)) * 0.9).bfloat16().float()
+    rounds = torch.zeros(16, dtype=torch.int32)
+    out = sample_tokens(lg, 16, temperature=0.8, top_p=1e-6, seed=1, ctas=4, rounds=rounds)
+    assert out.tolist() == [int(lg.argmax())] * 16
+    assert int(rounds.max()) <= 4, rounds.tolist()
 
 
 def test_a_cta_that_never_meets_is_a_named_timeout_not_a_hang():

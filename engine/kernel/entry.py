@@ -24,7 +24,7 @@ from kog.engine.kernel.names import (E_LOGITS, E_RENDEZVOUS, E_TOKEN, HEAD_EARLY
                                      HEAD_POINT_BIT, HEAD_TYPE_MASK, ROW_BLOCK, ROW_WORDS, S_DONE, S_NTOK, S_SAMPLE,
                                      S_SLOT, S_STOP, S_TOK, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
 from kog.engine.kernel.ring import RingCursor, RingSpan, ring_close, ring_fill, ring_open, row_read, rows_load, rows_store
-from kog.engine.kernel.sampling import Filter, filtered_pick, filtered_reset, tile_best
+from kog.engine.kernel.sampling import Filter, filtered_pick, filtered_reset, post_draw, tile_best
 from kog.engine.kernel.sync import Pending, Waits, grid_barrier, publish, publish_before, record_abort, spin_until
 from kog.engine.kernel.tasks import Best, StreamState, gate_up_task, lm_task, qkv_task, residual_task
 from kog.engine.kernel.trace import trace_task
@@ -73,7 +73,7 @@ def monokernel(mw, ac, pa, sy, tra, fx, pos0, n_tokens, force, seed, top_k, inv_
             spin_until(sy.sync + S_TOK, step, sy, E_TOKEN, -1, C.VENDOR)
             stop = tl.load(sy.sync + S_STOP, volatile=True)
         if stop == 0:
-            best = Best(float("-inf"), 0)
+            best = Best(float("-inf"), 0, float("-inf"))
             sm = StreamState(Waits(-1, -1), rc, xc)
             pend = Pending(-1, 0)
             if C.RING > 0:
@@ -185,15 +185,16 @@ def _read_task(ti, j, t_hi, me, pa, C):
 @triton.jit
 def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
     """This CTA is done with the token: publish what it holds back and its best candidate (top-k / top-p: its
-    draw once the grid found the threshold, sampling.filtered_pick). The last CTA to finish picks the token,
+    draw once the grid searched with it, sampling.filtered_pick). The last CTA to finish picks the token,
     records it (EOS stops the launch), writes the next token's input embedding and releases the next
     token."""
     publish(pa.cnt, pend)
-    if C.SAMPLE == 2:   # top-k / top-p: every CTA finds the threshold with the others, then draws in its slice
+    if C.SAMPLE == 2:   # top-k / top-p: every CTA searches with the others, then draws
         f = _filter(ac, sy, M, C)
-        tl.store(f.maxima + cta, best.v)
+        tl.store(f.maxima + cta, best.top)
+        post_draw(f, best.v, best.i)
         bv, bi = filtered_pick(f, cta, cta + 1, nprog, M.V, run.top_k, run.top_p, sy, C.VENDOR, C.FILTER_BV)
-        best = Best(bv, bi)
+        best = Best(bv, bi, best.top)
     tl.store(ac.partial_v + cta, best.v)
     tl.store(ac.partial_i + cta, best.i)
     tl.debug_barrier()

@@ -24,8 +24,8 @@ from kog.engine.kernel.sync import Pending, tag_store
 
 # what a CTA carries from task to task: the wait cache, the ring's cursor, the inputs held in registers
 StreamState = namedtuple("StreamState", "wc rc xc")
-# the LM head's running best candidate of this CTA
-Best = namedtuple("Best", "v i")
+# the LM head's running best candidate of this CTA; top: its max scaled logit (top-k / top-p's search)
+Best = namedtuple("Best", "v i top")
 
 
 @triton.jit
@@ -109,11 +109,13 @@ def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
     lg = rnd(acc, DT)                            # HF_ROUNDING: logits in the model dtype, as HF
     if run.write_logits != 0:
         tl.store(ac.logits + tl.cast(tok.step, tl.int64) * M.V + rows, lg)
-    if C.SAMPLE == 2:   # the top-k / top-p search's inputs (entry._filter): scaled logits and Gumbel scores
+    top = best.top
+    if C.SAMPLE == 2:   # the top-k / top-p search's inputs (entry._filter): scaled logits, Gumbel scores, maxima
         sc = lg * run.inv_temp
         tl.store(ac.partial_v + C.GPOW + rows, sc)
-        gs = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, 1)
-        tl.store(ac.partial_v + C.GPOW + M.V + rows, gs)
+        top = tl.maximum(top, tl.max(tl.where(rows < M.V, sc, float("-inf")), axis=0))
+        sc = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, 1)
+        tl.store(ac.partial_v + C.GPOW + M.V + rows, sc)
         b, bi = tile_best(sc, rows, rows < M.V)
     elif C.TP:     # vocab parallel: scores and picks are keyed by the global token id
         gid = tl.load(pa.peers + TP_VOCAB_LO).to(tl.int32) + rows
@@ -123,4 +125,4 @@ def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
         sc = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, C.SAMPLE)
         b, bi = tile_best(sc, rows, rows < M.V)
     take = b > best.v
-    return sm, Best(tl.where(take, b, best.v), tl.where(take, bi, best.i)), waited
+    return sm, Best(tl.where(take, b, best.v), tl.where(take, bi, best.i), top), waited
