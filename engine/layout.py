@@ -56,7 +56,8 @@ S_STOP = 4              # EOS seen
 S_NTOK = 5              # tokens produced
 S_SLOT = 16             # start-up rendezvous of the topology mapping
 S_SAMPLE = 32           # SAMPLE_WORDS arrival words of the top-k / top-p search (kernel/sampling.py): round 0 (the
-                        # grid's max logit and first draw), then each search round; the token's last CTA zeroes them
+                        # grid's max logit and first draw), top-k's rounds (SAMPLE_ROUNDS words), then top-p's; the
+                        # token's last CTA zeroes them
 SAMPLE_WORDS = 32
 S_ARR = 1024            # arrivals of attention splits, one word per (layer, KV head) (monotonic)
 

@@ -101,11 +101,10 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
     M = _grid_max(f.maxima, nprog)
     per = (V + nprog - 1) // nprog
     tau = M - FLOOR
-    w = 1
     if (top_k > 0) & (top_k < V):
-        tau, w = _top_k_threshold(f, c_lo, c_hi, nprog, per, V, M, tau, top_k, sy, VENDOR, BV)
+        tau = _top_k_threshold(f, c_lo, c_hi, nprog, per, V, M, tau, top_k, sy, VENDOR, BV)
     if top_p < 1.0:
-        s, t = _nucleus_draw(f, c_lo, c_hi, nprog, per, V, M, tau, top_p, w, sy, VENDOR, 8 * BV)
+        s, t = _nucleus_draw(f, c_lo, c_hi, nprog, per, V, M, tau, top_p, sy, VENDOR, 8 * BV)
     else:
         s, t = _draw(f, c_lo, c_hi, per, V, tau, 8 * BV, VENDOR)
     return s, t
@@ -113,15 +112,14 @@ def filtered_pick(f, c_lo, c_hi, nprog, V, top_k, top_p, sy, VENDOR: tl.constexp
 
 @triton.jit
 def _top_k_threshold(f, c_lo, c_hi, nprog, per, V, M, floor, top_k, sy, VENDOR: tl.constexpr, BV: tl.constexpr):
-    """(the largest threshold keeping >= top_k tokens, the next arrival word): the multi-way search (module
-    docstring), arrival words 1.. ."""
+    """The largest threshold keeping >= top_k tokens: the multi-way search (module docstring), arrival words
+    1..SAMPLE_ROUNDS."""
     NC: tl.constexpr = SAMPLE_CANDS
     lo = floor
     hi = _next_up(M)
     cnt_hi = tl.full([], 0, tl.int64)
     below_hi = M         # the greatest token value below hi
     found = 0
-    w = 1
     for r in range(0, SAMPLE_ROUNDS):
         if found == 0:
             cands = _candidates(lo, hi, NC)
@@ -135,14 +133,13 @@ def _top_k_threshold(f, c_lo, c_hi, nprog, per, V, M, floor, top_k, sy, VENDOR: 
             lo, hi, cnt_hi, below_hi, done = _narrow(cnt >= top_k, cnt, least, below, cands, hi, cnt_hi, below_hi,
                                                      top_k, NC)
             found = tl.where(done, 1, 0)
-            w = 2 + r
-    return lo, w
+    return lo
 
 
 @triton.jit
-def _nucleus_draw(f, c_lo, c_hi, nprog, per, V, M, tau, top_p, w, sy, VENDOR: tl.constexpr, BV: tl.constexpr):
+def _nucleus_draw(f, c_lo, c_hi, nprog, per, V, M, tau, top_p, sy, VENDOR: tl.constexpr, BV: tl.constexpr):
     """(score, token) drawn from top-p's nucleus within the tokens >= tau: round 0's draw when kept, tested and
-    replaced until one is accepted (module docstring), arrival words w.. ."""
+    replaced until one is accepted (module docstring), arrival words from 1 + SAMPLE_ROUNDS (after top-k's)."""
     NB: tl.constexpr = SAMPLE_P_BOUNDS
     j = tl.arange(0, NB)
     s, t = _draw_of(tl.load(f.search + SAMPLE_PICK, cache_modifier=".cg"))
@@ -159,7 +156,7 @@ def _nucleus_draw(f, c_lo, c_hi, nprog, per, V, M, tau, top_p, w, sy, VENDOR: tl
                 tl.atomic_add(row, (kept * MASS_ONE).to(tl.int64), sem="relaxed", scope="gpu")
                 tl.atomic_add(row + 1 + j, (above * MASS_ONE).to(tl.int64), sem="relaxed", scope="gpu")
                 tl.atomic_max(row + 1 + NB + j, _draw_key(best, best_i), sem="relaxed", scope="gpu")
-            _meet(f.arrivals, w + r, c_hi - c_lo, nprog, sy, VENDOR)
+            _meet(f.arrivals, 1 + SAMPLE_ROUNDS + r, c_hi - c_lo, nprog, sy, VENDOR)
             need = tl.load(row, cache_modifier=".cg").to(tl.float64) * top_p
             outside = tl.load(row + 1 + j, cache_modifier=".cg").to(tl.float64) >= need
             reject = (t < 0) | (tl.max(tl.where(j == 0, outside, False), axis=0) != 0)

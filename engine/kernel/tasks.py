@@ -114,9 +114,9 @@ def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
         sc = lg * run.inv_temp
         tl.store(ac.partial_v + C.GPOW + rows, sc)
         top = tl.maximum(top, tl.max(tl.where(rows < M.V, sc, float("-inf")), axis=0))
-        sc = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, 1)
-        tl.store(ac.partial_v + C.GPOW + M.V + rows, sc)
-        b, bi = tile_best(sc, rows, rows < M.V)
+        gs = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, 1)
+        tl.store(ac.partial_v + C.GPOW + M.V + rows, gs)
+        b, bi = tile_best(gs, rows, rows < M.V)
     elif C.TP:     # vocab parallel: scores and picks are keyed by the global token id
         gid = tl.load(pa.peers + TP_VOCAB_LO).to(tl.int32) + rows
         sc = gumbel_scores(lg, gid, tok.pos, run.seed, run.inv_temp, C.VR, C.SAMPLE)
