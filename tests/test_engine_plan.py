@@ -8,7 +8,7 @@ from kog.engine.config import PRESETS, ConfigError
 from kog.engine.engine_config import EngineConfig, sm90_default
 from kog.engine.layout import (BUF_ATTN, BUF_HMID, BUF_QKV, HEAD_EARLY_BIT, HEAD_LAYER_SHIFT, ROW_HEAD, ROW_RELEASE,
                                ROW_TILE, ROW_WAIT, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
-from kog.engine.plan import check_plan, early_residual, make_plan
+from kog.engine.plan import T_BAR, check_plan, early_residual, make_plan
 from kog.engine.schedule import ScheduleError, Step, simulate
 
 LLAMA = PRESETS["llama-3.2-1b"]
@@ -271,3 +271,24 @@ def test_arrival_words_per_layer_keep_an_empty_split_from_taking_an_earlier_laye
     simulate(programs(lambda layer: ("arrivals", layer, 0)), tokens=1)
     with pytest.raises(ScheduleError, match=r"o layer 0, waiting on \('attn', 0\)"):
         simulate(programs(lambda layer: ("arrivals", 0)), tokens=1)
+
+
+def test_the_stream_ceiling_plan_is_grid_mode_without_its_barriers():
+    """bench/stream_ceiling.py's `free` plan: each CTA's grid-mode tasks but the barriers, in the same order,
+    with a task table row for each."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("stream_ceiling",
+                                                  Path(__file__).resolve().parents[1] / "bench" / "stream_ceiling.py")
+    sc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sc)
+    cfg = PRESETS["tiny"]
+    e = EngineConfig(mode="grid", bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, sync_rows=32)
+    grid = make_plan(cfg, e, 3, attn_splits=2)
+    kept = [grid.tasks_of(c)[grid.tasks_of(c)[:, 0] != T_BAR] for c in range(grid.grid)]
+    assert (grid.tasks[:, 0] == T_BAR).sum() == grid.grid * grid.barriers_per_token > 0
+    free = sc.without_barriers(make_plan(cfg, e, 3, attn_splits=2), cfg, e)
+    assert not (free.tasks[:, 0] == T_BAR).any()
+    for c in range(grid.grid):
+        np.testing.assert_array_equal(free.tasks_of(c), kept[c])
+    assert len(free.rows) == len(free.tasks)
