@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from kog.engine.config import PRESETS
+from kog.engine.config import DTYPE_BYTES, PRESETS
 from kog.engine.monokernel import Monokernel
 from kog.engine.plan import T_BAR, Plan, make_plan, task_rows
 from kog.engine.weights import random_weights
@@ -36,7 +36,8 @@ PROMPT, NEW, RUNS, MAX_SEQ, TRACE_TOKENS, TRACED = list(range(100, 164)), 256, 5
 
 
 def without_barriers(plan: Plan, cfg, ecfg) -> Plan:
-    """A grid-mode plan with every barrier task removed (each CTA's other tasks keep their order)."""
+    """`plan` (grid mode), changed in place: every barrier task removed, each CTA's other tasks in their order,
+    the task table rebuilt."""
     keep = plan.tasks[:, 0] != T_BAR
     per_cta = [int(keep[plan.cta_start[c]:plan.cta_start[c + 1]].sum()) for c in range(plan.grid)]
     plan.tasks = plan.tasks[keep]
@@ -75,10 +76,11 @@ def read_GBps(nbytes: int = 2 << 30, iters: int = 10) -> float:
 
 def phase_bytes(cfg) -> dict[str, float]:
     """Weight bytes a token streams per phase (the breakdown's phase names)."""
+    es = DTYPE_BYTES.get(cfg.dtype, 2)
     out: dict[str, float] = {}
     for name, n, k in cfg.matrices():
         ph = name.rsplit(".", 1)[-1] if name.startswith("layers.") else "lm"
-        out[ph] = out.get(ph, 0.0) + n * k * 2
+        out[ph] = out.get(ph, 0.0) + n * k * es
     return out
 
 

@@ -8,7 +8,7 @@ from kog.engine.config import PRESETS, ConfigError
 from kog.engine.engine_config import EngineConfig, sm90_default
 from kog.engine.layout import (BUF_ATTN, BUF_HMID, BUF_QKV, HEAD_EARLY_BIT, HEAD_LAYER_SHIFT, ROW_HEAD, ROW_RELEASE,
                                ROW_TILE, ROW_WAIT, T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV)
-from kog.engine.plan import T_BAR, check_plan, early_residual, make_plan
+from kog.engine.plan import check_plan, early_residual, make_plan
 from kog.engine.schedule import ScheduleError, Step, simulate
 
 LLAMA = PRESETS["llama-3.2-1b"]
