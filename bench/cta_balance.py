@@ -113,6 +113,45 @@ def phase_tails(df) -> dict:
     return {p: round(float(v), 2) for p, v in tail.items()}
 
 
+def tail_anatomy(df) -> dict:
+    """Per GEMV phase, what makes the last CTA last (means over tokens and layers, us): how much later than the
+    median CTA it began the phase, waited more within it, or streamed longer; how many more tiles it had; and
+    whether the same CTA is last again the next token (the chance level is 1 / grid)."""
+    g = df[df["phase"].isin(GEMV_PHASES)].copy()
+    g["busy"] = g["end_ns"] - g["start_ns"] - g["wait_ns"]
+    per = g.groupby(["step", "phase", "layer", "cta"]).agg(start=("start_ns", "min"), end=("end_ns", "max"),
+                                                           wait=("wait_ns", "sum"), busy=("busy", "sum"),
+                                                           tiles=("task", "size")).reset_index()
+    out = {}
+    for ph, d in per.groupby("phase"):
+        rows, last_of = [], {}
+        for (step, layer), e in d.groupby(["step", "layer"]):
+            i = e["end"].idxmax()
+            med = e[["start", "end", "wait", "busy", "tiles"]].median()
+            rows.append([e.at[i, "end"] - med["end"], e.at[i, "start"] - med["start"], e.at[i, "wait"] - med["wait"],
+                         e.at[i, "busy"] - med["busy"], e.at[i, "tiles"] - med["tiles"]])
+            last_of[(step, layer)] = int(e.at[i, "cta"])
+        r = np.mean(np.asarray(rows, dtype=np.float64), axis=0)
+        same = [last_of[(s, lay)] == last_of.get((s + 1, lay)) for (s, lay) in last_of if (s + 1, lay) in last_of]
+        out[ph] = {"tail_us": round(r[0] / 1e3, 3), "late_start_us": round(r[1] / 1e3, 3),
+                   "more_wait_us": round(r[2] / 1e3, 3), "more_busy_us": round(r[3] / 1e3, 3),
+                   "more_tiles": round(float(r[4]), 2), "same_last_next_token": round(float(np.mean(same)), 3),
+                   "distinct_last_ctas": len(set(last_of.values())), "groups": len(last_of)}
+    return out
+
+
+def run_anatomy(name: str) -> dict:
+    cfg = PRESETS[name].replace(eos_token_id=())
+    w = random_weights(cfg, "cuda", seed=0, dtype=torch.bfloat16)
+    base = tuned_config(cfg, torch.device("cuda"), MAX_SEQ).replace(mapping="topology")
+    mk = engine(cfg, w, base, None, free=False, traced=True)
+    bd = mk.breakdown(PROMPT, TRACED)
+    out = {"config": dataclasses.asdict(base), "tok_per_s": statistics.median(tok_s(mk) for _ in range(RUNS)),
+           "tails_us": phase_tails(bd["table"]), "anatomy": tail_anatomy(bd["table"])}
+    print(name, json.dumps(out["anatomy"]), flush=True)
+    return out
+
+
 def run_preset(name: str) -> dict:
     cfg = PRESETS[name].replace(eos_token_id=())
     w = random_weights(cfg, "cuda", seed=0, dtype=torch.bfloat16)
@@ -168,6 +207,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--presets", nargs="+", default=["llama-3.2-1b"])
+    ap.add_argument("--anatomy", action="store_true", help="only the uniform plan's tail anatomy (targeted)")
     a = ap.parse_args()
     doc = {"device": torch.cuda.get_device_name(), "git_commit": git_commit(), "prompt_tokens": len(PROMPT),
            "new_tokens": NEW, "max_seq": MAX_SEQ, "runs": RUNS * ROUNDS,
@@ -176,7 +216,7 @@ def main() -> None:
                    "(medians); tails: last CTA's end of a phase minus the median CTA's, us a token", "presets": {}}
     for name in a.presets:
         try:
-            doc["presets"][name] = run_preset(name)
+            doc["presets"][name] = run_anatomy(name) if a.anatomy else run_preset(name)
         except Exception as e:          # keep what the other presets measured
             doc["presets"][name] = {"error": f"{type(e).__name__}: {e}"}
             print(name, "failed:", e, flush=True)
