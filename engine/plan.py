@@ -103,42 +103,18 @@ def _deal(n: int, grid: int, mapping: str, cursor: int, die_of_cta: np.ndarray |
     return owner, (cursor + n) % grid
 
 
-def _deal_weighted(n: int, weight: np.ndarray, cursor: int) -> tuple[np.ndarray, int]:
-    """Owner CTA of each of n tiles, each CTA's count in proportion to its weight (its measured stream rate),
-    so a phase ends at about the same time on every CTA. The rounding remainder goes to the largest
-    fractional shares (equal shares: from the cursor on, as round-robin); each CTA's tiles are spread over
-    the phase. A phase with fewer tiles than CTAs is dealt round-robin (weights would pile it on the fastest)."""
-    G = len(weight)
-    if n < G:
-        return _deal(n, G, "round-robin", cursor, None)
-    share = n * weight / weight.sum()
-    count = np.floor(share).astype(np.int64)
-    rot = (np.arange(G) - cursor) % G
-    extra = np.lexsort((rot, -np.round(share - count, 6)))[:n - int(count.sum())]
-    count[extra] += 1
-    owner = np.repeat(np.arange(G), count)
-    j = np.concatenate([np.arange(k) for k in count])
-    return owner[np.argsort((j + 0.5) / count[owner], kind="stable")], (cursor + n) % G
-
-
 def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
-              sm_partition: dict[int, int] | None = None, attn_splits: int = 1,
-              cta_weight: np.ndarray | None = None) -> Plan:
+              sm_partition: dict[int, int] | None = None, attn_splits: int = 1) -> Plan:
     """Plan one decode step for `sms` SMs with ecfg.ctas_per_sm CTAs each, its task table included.
 
     sm_partition (SM id -> L2 partition / die, from kogprobe) is required by mapping="topology"; the
     kernel then finds its CTA number from %smid instead of program_id. attn_splits: attention tasks per KV
-    head (each covers attn_block cache positions; the last to finish merges them). cta_weight: [grid] relative
-    stream rate of each CTA (the plan's numbering): tiles in proportion to it.
+    head (each covers attn_block cache positions; the last to finish merges them).
     """
     ecfg.validate(model)
     if model.head_dim & (model.head_dim - 1):
         raise ConfigError(f"head_dim {model.head_dim} is not a power of two (the monokernel needs one)")
     grid = sms * ecfg.ctas_per_sm
-    if cta_weight is not None:
-        cta_weight = np.asarray(cta_weight, dtype=np.float64)
-        if cta_weight.shape != (grid,) or not np.all(cta_weight > 0):
-            raise ConfigError(f"cta_weight needs {grid} positive rates, one per CTA")
     die_of_cta = None
     if ecfg.mapping == "topology":
         if not sm_partition:
@@ -154,10 +130,7 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     cursor = 0
     nbar = 0
     for ttype, layer, n in _phase_tasks(model, ecfg, attn_splits):
-        if cta_weight is not None:
-            owner, cursor = _deal_weighted(n, cta_weight, cursor)
-        else:
-            owner, cursor = _deal(n, grid, ecfg.mapping, cursor, die_of_cta)
+        owner, cursor = _deal(n, grid, ecfg.mapping, cursor, die_of_cta)
         for tile, c in enumerate(owner):
             per_cta[int(c)].append((ttype, layer, tile, 0))
         if ecfg.mode == "grid" and ttype != T_LM:

@@ -243,6 +243,47 @@ def hop_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     return med.reindex([o for o in order if o in med.index]).reset_index()
 
 
+TAIL_PHASES = ("qkv", "o", "gate_up", "down", "lm")
+TAIL_COLUMNS = ["phase", "tail_us", "late_start_us", "more_wait_us", "more_busy_us", "more_tasks", "same_last_next",
+                "distinct_last", "groups"]
+
+
+def tail_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
+    """Why a GEMV phase's last CTA ends last, over every traced token of `system` (a CTA's part of a phase: its
+    tasks of that phase and layer). Per phase, means over (token, layer) of the last CTA against the median
+    CTA: tail_us, how much later it ended; late_start_us, began; more_wait_us, waited within the phase;
+    more_busy_us, streamed (task time less waits); more_tasks. same_last_next: how often the same CTA is last
+    in that layer the next traced token (about 1 / grid by chance): a slow CTA that stays slow is something a
+    plan could deal around, one that changes every token is not. distinct_last: how many CTAs were ever last.
+    Needs the timeline's cta, start_ns and wait_ns columns; empty without them."""
+    t = tl[tl["system"] == system] if "system" in tl.columns else tl
+    if t.empty or not {"step", "layer", "phase", "cta", "start_ns", "end_ns", "wait_ns"} <= set(t.columns):
+        return pd.DataFrame(columns=TAIL_COLUMNS)
+    g = t[t["phase"].isin(TAIL_PHASES)]
+    g = g.assign(busy=g["end_ns"] - g["start_ns"] - g["wait_ns"])
+    per = g.groupby(["phase", "step", "layer", "cta"]).agg(
+        start=("start_ns", "min"), end=("end_ns", "max"), wait=("wait_ns", "sum"), busy=("busy", "sum"),
+        tasks=("end_ns", "size"))
+    if per.empty:
+        return pd.DataFrame(columns=TAIL_COLUMNS)
+    groups = per.groupby(level=["phase", "step", "layer"])
+    last = per.loc[groups["end"].idxmax()].reset_index("cta")
+    more = last.drop(columns="cta") - groups.median()
+    rank = {s: i for i, s in enumerate(sorted(g["step"].unique()))}
+    who = last["cta"].reset_index()
+    who["k"] = who["step"].map(rank)
+    nxt = who.assign(k=who["k"] - 1)[["phase", "layer", "k", "cta"]]
+    pair = who.merge(nxt, on=["phase", "layer", "k"], suffixes=("", "_next"))
+    same = (pair["cta"] == pair["cta_next"]).groupby(pair["phase"]).mean()
+    ns = more[["end", "start", "wait", "busy"]] / 1e3
+    tab = pd.concat([ns, more[["tasks"]]], axis=1).groupby(level="phase").mean()
+    tab.columns = TAIL_COLUMNS[1:6]
+    tab["same_last_next"] = same.reindex(tab.index)
+    tab["distinct_last"] = who.groupby("phase")["cta"].nunique()
+    tab["groups"] = who.groupby("phase").size()
+    return tab.reindex([p for p in TAIL_PHASES if p in tab.index]).reset_index()
+
+
 ATTN_TIMING_COLUMNS = ["split", "start_us", "wait_end_us", "end_us", "merged", "layers"]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from kog.reports import layer_anatomy as la
 from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
-                                      phase_weight_bytes)
+                                      phase_weight_bytes, tail_table)
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "reports" / "data" / "h200_bench_run"
@@ -64,15 +64,44 @@ def test_hop_table_of_a_synthetic_trace():
     assert hop_table(pd.DataFrame(rows).drop(columns="wait_ns"), "s").empty
 
 
+def test_tail_table_tells_a_slow_cta_from_a_late_one():
+    # 4 CTAs, 3 tokens, 2 layers, two tasks of 1 us each. o: CTA 3's take 1.2 us, 0.4 us more in all, every
+    # token (the same CTA last every time, a persistent rate). down: the last is CTA (token + layer) % 4, which began
+    # the phase 0.8 us late and waited 0.1 us more (transient: never the same CTA the next token).
+    rows = []
+    for step in range(3):
+        for layer in range(2):
+            for cta in range(4):
+                late = 800 if cta == (step + layer) % 4 else 0
+                for k in range(2):
+                    t0 = 1000 * k + late
+                    d = 1200 if cta == 3 else 1000
+                    rows.append(dict(system="s", step=step, layer=layer, phase="o", cta=cta, start_ns=d * k,
+                                     end_ns=d * (k + 1), wait_ns=0))
+                    rows.append(dict(system="s", step=step, layer=layer, phase="down", cta=cta, start_ns=t0,
+                                     end_ns=t0 + 1000 + (50 if late else 0), wait_ns=50 if late else 0))
+    tab = tail_table(pd.DataFrame(rows), "s").set_index("phase")
+    assert list(tab.index) == ["o", "down"]
+    o, down = tab.loc["o"], tab.loc["down"]
+    assert (o.tail_us, o.late_start_us, o.more_busy_us, o.more_tasks) == pytest.approx((0.4, 0.0, 0.4, 0.0))
+    assert (o.same_last_next, o.distinct_last, o.groups) == (1.0, 1, 6)
+    assert (down.tail_us, down.late_start_us, down.more_wait_us, down.more_busy_us) == pytest.approx(
+        (0.85, 0.8, 0.1, 0.0))
+    assert (down.same_last_next, down.distinct_last) == (0.0, 4)
+    assert tail_table(pd.DataFrame(rows).drop(columns="wait_ns"), "s").empty
+    assert tail_table(pd.DataFrame(rows), "other").empty
+
+
 def test_an_engine_check_timeline_with_hops(tmp_path, capsys):
     # bench/engine_check.py --save-timeline writes timeline_t<i>.parquet (its system column is the entry's
     # name): layer_anatomy reads it as one system, without a bench.json (no streaming columns)
     tl = pd.read_parquet(RUN / "timeline.parquet")
     f = tmp_path / "timeline_t0.parquet"
     tl[tl["system"] == "kog-targeted"].assign(system="t0").to_parquet(f)
-    assert la.main([str(f), "--hops"]) == 0
+    assert la.main([str(f), "--hops", "--tails"]) == 0
     out = capsys.readouterr().out
     assert "what each segment is made of" in out and "o -> gate_up" in out.split("made of")[1]
+    assert "gate_up" in out.split("against the median CTA")[1]
 
 
 def test_attn_split_timing_of_a_synthetic_trace(tmp_path, capsys):
