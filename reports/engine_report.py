@@ -24,11 +24,16 @@ import pandas as pd
 from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.bench_tables import (critical_path_table, fastest_baseline, layer_segments, model_shapes_of,
-                                      phase_breakdown, phase_table, phase_weight_bytes, rel_errs, spread)
+                                      phase_breakdown, phase_table, phase_weight_bytes, rel_errs, spread,
+                                      tail_table)
 from kog.reports.html import Section, corrupt_files, error_for, note_corrupt, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
 CATEGORIES = ("streaming", "waiting", "barrier", "other")
+TAIL_HEADERS = {"tail_us": "ended later (us)", "late_start_us": "began later (us)", "more_wait_us": "waited more (us)",
+                "more_busy_us": "streamed longer (us)", "more_tasks": "more tasks",
+                "same_last_next": "same CTA last next token", "distinct_last": "CTAs ever last",
+                "groups": "layers x tokens"}
 BENCH_JSON_NAMES = ("bench", "results", "summary")
 
 
@@ -333,6 +338,16 @@ def bench_sections(run, out: Path) -> list[Section]:
             tab = tab.rename(columns={"us": "measured (us)", "stream_us": "streaming alone (us)",
                                       "excess_us": "excess (us)"})
             sec.table(tab.round(2).dropna(axis=1, how="all"), caption=n)
+        tails = [(n, tail_table(tl, n)) for n, _ in seg_tables]
+        tails = [(n, t) for n, t in tails if not t.empty]
+        if tails:
+            sec.p("Why each phase's last CTA ends last: against the median CTA, how much later it ended, began the "
+                  "phase, waited and streamed (us), how many more tasks it ran, and how often the same CTA is "
+                  "last in that layer the next traced token (about 1 / CTAs by chance; empty with one traced "
+                  "token). A tail the same CTA keeps is a plan's to fix; one that moves every token is not.")
+            for n, t in tails:
+                t = t.rename(columns=TAIL_HEADERS).round(3).dropna(axis=1, how="all")
+                sec.table(t, caption=f"{n}: the last CTA of each phase")
     else:
         sec.missing("the per-layer critical path needs the instrumented run's 'timeline' table (task end stamps "
                     "per layer and phase).", error_for(run, "timeline", "instrument"))

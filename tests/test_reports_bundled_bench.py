@@ -90,6 +90,9 @@ def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
     # the per-layer critical path of both kog systems, from the bundled run's timeline
     cp = secs["critical-path"]
     assert "kog-targeted" in cp and "kog-grid" in cp and "o -&gt; gate_up" in cp and "layer (sum)" in cp
+    # and why each phase's last CTA is last, per kog system (one traced token: no next-token column)
+    assert "kog-targeted: the last CTA of each phase" in cp
+    assert "began later (us)" in cp and "streamed longer (us)" in cp
     # per-phase table from breakdown_extra.phases: every phase, both kog systems, waiting split out
     bd = secs["breakdown"]
     for ph in g["breakdown_extra"]["phases"]:
