@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from kog.engine.engine_config import PHASES as GEMV_PHASES
+
 BREAKDOWN_COLUMNS = ["system", "phase", "category", "seconds_per_token"]
 BARRIER_PHASE = "barrier"
 OTHER_PHASE = "other"
@@ -163,11 +165,18 @@ def phase_weight_bytes(shapes: dict[str, Any]) -> dict[str, int] | None:
     return {"qkv": qkv * H * es, "attn": 0, "o": H * q * es, "gate_up": 2 * I * H * es, "down": H * I * es}
 
 
+def _system_tasks(tl: pd.DataFrame, system: str, need: set[str]) -> pd.DataFrame | None:
+    """The traced tasks of `system` (all of them when the timeline has no system column). None when there are
+    none or the timeline lacks a column of `need`."""
+    t = tl[tl["system"] == system] if "system" in tl.columns else tl
+    return None if t.empty or not need <= set(t.columns) else t
+
+
 def _traced_token(tl: pd.DataFrame, system: str, need: set[str]) -> pd.DataFrame | None:
     """The tasks of one traced token of `system`: the second when there are two or more (the first carries
     the launch's start-up). None when there are none or the timeline lacks a column of `need`."""
-    t = tl[tl["system"] == system] if "system" in tl.columns else tl
-    if t.empty or not need <= set(t.columns):
+    t = _system_tasks(tl, system, need)
+    if t is None:
         return None
     steps = sorted(t["step"].unique())
     return t[t["step"] == (steps[1] if len(steps) > 1 else steps[0])]
@@ -243,7 +252,6 @@ def hop_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     return med.reindex([o for o in order if o in med.index]).reset_index()
 
 
-TAIL_PHASES = ("qkv", "o", "gate_up", "down", "lm")
 TAIL_COLUMNS = ["phase", "tail_us", "late_start_us", "more_wait_us", "more_busy_us", "more_tasks", "same_last_next",
                 "distinct_last", "groups"]
 
@@ -256,10 +264,10 @@ def tail_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     in that layer the next traced token (about 1 / grid by chance): a slow CTA that stays slow is something a
     plan could deal around, one that changes every token is not. distinct_last: how many CTAs were ever last.
     Needs the timeline's cta, start_ns and wait_ns columns; empty without them."""
-    t = tl[tl["system"] == system] if "system" in tl.columns else tl
-    if t.empty or not {"step", "layer", "phase", "cta", "start_ns", "end_ns", "wait_ns"} <= set(t.columns):
+    t = _system_tasks(tl, system, {"step", "layer", "phase", "cta", "start_ns", "end_ns", "wait_ns"})
+    if t is None:
         return pd.DataFrame(columns=TAIL_COLUMNS)
-    g = t[t["phase"].isin(TAIL_PHASES)]
+    g = t[t["phase"].isin(GEMV_PHASES)]
     g = g.assign(busy=g["end_ns"] - g["start_ns"] - g["wait_ns"])
     per = g.groupby(["phase", "step", "layer", "cta"]).agg(
         start=("start_ns", "min"), end=("end_ns", "max"), wait=("wait_ns", "sum"), busy=("busy", "sum"),
@@ -281,7 +289,7 @@ def tail_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     tab["same_last_next"] = same.reindex(tab.index)
     tab["distinct_last"] = who.groupby("phase")["cta"].nunique()
     tab["groups"] = who.groupby("phase").size()
-    return tab.reindex([p for p in TAIL_PHASES if p in tab.index]).reset_index()
+    return tab.reindex([p for p in GEMV_PHASES if p in tab.index]).reset_index()
 
 
 ATTN_TIMING_COLUMNS = ["split", "start_us", "wait_end_us", "end_us", "merged", "layers"]
