@@ -216,7 +216,7 @@ def test_fused_mlp_puts_down_on_its_slice_and_the_checker_holds_it_there():
     releases; a down task moved to another CTA reads act rows nobody there wrote, and the checker says so."""
     cfg = PRESETS["tiny"].replace(intermediate_size=160)
     e = EngineConfig(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, sync_rows=32, weight_ring=2,
-                     block_k=128, fused_mlp=1)
+                     block_k=128, fused_mlp=1, ctas_per_sm=1)
     p = make_plan(cfg, e, 3, attn_splits=2)
     check_plan(p, cfg, e)
     mlp = p.meta["mlp"]
@@ -246,7 +246,7 @@ def test_fused_mlp_puts_down_on_its_slice_and_the_checker_holds_it_there():
 @pytest.mark.parametrize("bad, match", [(dict(weight_ring=0), "runs on the weight ring"),
                                         (dict(bn_gate_up=1), "bn_gate_up >= 2"), (dict(fused_mlp=2), "not in 0, 1")])
 def test_fused_mlp_configs_that_cannot_run_are_refused(bad, match):
-    e = sm90_default(LLAMA).replace(fused_mlp=1, **bad)
+    e = sm90_default(LLAMA).replace(**{"fused_mlp": 1, **bad})
     with pytest.raises(ConfigError, match=match):
         e.validate(LLAMA)
 

@@ -22,6 +22,7 @@ from kog.engine.kernel.names import (ACT_ATTN, ACT_COLS, ACT_DPART, ACT_H, ACT_H
 from kog.engine.kernel.numerics import rnd
 from kog.engine.kernel.sampling import gumbel_scores, tile_best
 from kog.engine.kernel.sync import Pending, tag_store
+from kog.engine.kernel.vendor import red_add_f32
 
 # what a CTA carries from task to task: the wait cache, the ring's cursor, the inputs held in registers
 StreamState = namedtuple("StreamState", "wc rc xc")
@@ -99,7 +100,6 @@ def mlp_down_task(task, tok, sm, pend, cta, mw, ac, pa, sy, M, C):
     NGU: tl.constexpr = M.I // C.GU.BN
     NB: tl.constexpr = M.H // C.DOWN.BN
     s = task.tile // NB
-    rows = (task.tile % NB) * C.DOWN.BN + tl.arange(0, C.DOWN.BN)
     t0 = (s * NGU) // C.MLP
     c0 = t0 * C.GU.BN
     ne = (((s + 1) * NGU) // C.MLP - t0) * C.GU.BN
@@ -107,7 +107,7 @@ def mlp_down_task(task, tok, sm, pend, cta, mw, ac, pa, sy, M, C):
     xo = tl.load(aoff + ACT_MLP)
     acc, rc, xc = gemv_slice(ac.act + xo + c0, ne, xo + c0 + tok.xtok, task.index, sm.xc, sm.rc, cta.rs, mw.w, pa, sy,
                              cta.index, C.DOWN, C)
-    tl.atomic_add(ac.act + tl.load(aoff + ACT_HOUT) + rows, acc, sem="relaxed", scope="gpu")
+    red_add_f32(ac.act + tl.load(aoff + ACT_HOUT) + (task.tile % NB) * C.DOWN.BN, acc, C.DOWN.BN, C.VENDOR)
     return StreamState(sm.wc, rc, xc), Pending(pend.counter, pend.n + 1), tl.zeros([], dtype=tl.int64)
 
 
