@@ -71,9 +71,6 @@ class EngineConfig:
     attn_tile: int = 0                # > 0: positions per tl.dot tile, a split walking attn_block / attn_tile of
                                       # them (Triton's shared memory holds one tile: the ring keeps its slots
                                       # at wider splits); 0: one tile of attn_block
-    fused_mlp: int = 0                # 1: each CTA runs down over the columns of its own gate_up tiles and adds its
-                                      # partial sums into h' (kog.engine.ring.MlpSplit): no gate_up -> down
-                                      # hop (weight ring only)
     wait_timeout_s: float = 0.0       # bound on every spin-wait, in seconds: a wait that outlasts it is an
                                       # error naming the counter and the task, not a hang (0: the platform's
                                       # default, wait_timeout_seconds)
@@ -112,8 +109,7 @@ class EngineConfig:
         """Fields that are constexpr in the kernel. Configs with equal keys share one compiled kernel only if they
         also share the register cap (ctas_per_sm on NVIDIA): see kog.tune.search.kernel_key()."""
         return (self.mode, self.num_warps, self.block_k, self.bn_qkv, self.bn_o, self.bn_gate_up,
-                self.bn_down, self.bn_lm, self.attn_block, self.tp_compat, self.weight_ring, self.attn_tile,
-                self.fused_mlp)
+                self.bn_down, self.bn_lm, self.attn_block, self.tp_compat, self.weight_ring, self.attn_tile)
 
     def validate(self, model: ModelConfig, sms: int | None = None, max_ctas_per_sm: int | None = None) -> "EngineConfig":
         """Raise ConfigError naming the first impossible choice (tiles must divide shapes, CTAs co-resident)."""
@@ -156,11 +152,6 @@ class EngineConfig:
             need(per_cta * self.ctas_per_sm <= 228 * 1024,
                  f"weight_ring {self.weight_ring} does not fit: {self.ctas_per_sm} CTAs/SM x ~{per_cta // 1024} KiB "
                  f"of shared memory each exceed the 228 KiB of an sm_90 SM")
-        need(self.fused_mlp in (0, 1), f"fused_mlp {self.fused_mlp} not in 0, 1")
-        if self.fused_mlp:
-            need(self.weight_ring > 0, "fused_mlp runs on the weight ring (weight_ring > 0)")
-            need(self.bn_gate_up >= 2, f"fused_mlp needs bn_gate_up >= 2 (down's slices are read in 32-bit words; "
-                 f"got {self.bn_gate_up})")
         need(pow2(self.attn_block) and self.attn_block >= 16, f"attn_block {self.attn_block} must be a power of two >= 16")
         if self.attn_tile:
             need(pow2(self.attn_tile) and 16 <= self.attn_tile <= self.attn_block,

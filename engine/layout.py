@@ -108,6 +108,5 @@ Shape = namedtuple("Shape", "H I V L HD NKV G GP GH SP QS KVS HAS_BIAS QK_NORM")
 # input, gate and up rows together, input kept in registers as float pairs (XRAW) or model-dtype words (XW),
 # the weight matrix (woff column) and the tensor-parallel slices its rows are reduced in (tp_compat)
 GemvSpec = namedtuple("GemvSpec", "K BN BK NORM GU XRAW XW WCOL RANKS")
-# MLP: the fused MLP's slices (kog.engine.ring.MlpSplit; 0: down not fused)
 Tiling = namedtuple("Tiling", "WAIT QKV O GU DOWN LM BT SPLIT GPOW SAMPLE FILTER_BV TRACE ATRACE VENDOR TPC "
-                    "RING SLOTB RING_SIZES BKC_X TAGQKV TP NR XR VR MLP")
+                    "RING SLOTB RING_SIZES BKC_X TAGQKV TP NR XR VR")

@@ -49,22 +49,19 @@ def _cx(t):
     return type(t)(*(_cx(v) if isinstance(v, tuple) else tl.constexpr(v) for v in t))
 
 
-def gemv_specs(cfg: ModelConfig, e: EngineConfig, tp: bool = False, mlp=None) -> dict[str, LY.GemvSpec]:
+def gemv_specs(cfg: ModelConfig, e: EngineConfig, tp: bool = False) -> dict[str, LY.GemvSpec]:
     """The five GEMV phases' constexpr specs (layout.GemvSpec): K, rows per task, columns per K step (the ring's
     chunk, or the direct path's block: gate_up's two tiles take half of block_k), and where an input stays in
     registers across a CTA's tasks (O's raw input where its one chunk is as wide as the normed inputs' cache,
-    down's as model-dtype words where one chunk spans it; not with tensor parallelism). mlp: a fused MLP's
-    slices (kog.engine.ring.MlpSplit): down's task is one chunk of mlp.rows rows, mlp.cols wide."""
+    down's as model-dtype words where one chunk spans it; not with tensor parallelism)."""
     H, I, QS = cfg.hidden_size, cfg.intermediate_size, cfg.q_size
     bn = dict(qkv=e.bn_qkv, o=e.bn_o, gu=e.bn_gate_up, down=e.bn_down, lm=e.bn_lm)
     if e.weight_ring:
         from kog.engine.ring import kernel_chunk_cols, phase_bn
-        cols = kernel_chunk_cols(H=H, I=I, QS=QS, block_k=e.block_k, bn=phase_bn(e), mlp=mlp)
+        cols = kernel_chunk_cols(H=H, I=I, QS=QS, block_k=e.block_k, bn=phase_bn(e))
         bk = dict(qkv=cols["BKC_QKV"], o=cols["BKC_O"], gu=cols["BKC_GU"], down=cols["BKC_DOWN"], lm=cols["BKC_LM"])
         xraw_o = bk["o"] == cols["BKC_X"] and QS <= bk["o"]
-        xw_down = (I <= bk["down"] or mlp is not None) and not tp
-        if mlp is not None:
-            I, bn["down"] = mlp.cols, mlp.rows
+        xw_down = I <= bk["down"] and not tp
     else:
         bk = dict(qkv=e.block_k, o=e.block_k, gu=e.block_k // 2 if e.block_k >= 128 else e.block_k,
                   down=e.block_k, lm=e.block_k)
@@ -91,19 +88,17 @@ def kernel_constants(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, gri
     ring = int(e.weight_ring)
     slotb = bkc_x = 0
     sizes = False
-    mlp = None
     if ring:
-        from kog.engine.ring import kernel_chunk_cols, mlp_split_of, phase_bn, sized_copies, slot_bytes
-        mlp = None if tp is not None else mlp_split_of(cfg, e, grid)
+        from kog.engine.ring import kernel_chunk_cols, padded_fraction, phase_bn, slot_bytes
         dims = dict(H=cfg.hidden_size, I=cfg.intermediate_size, QS=cfg.q_size, block_k=e.block_k, bn=phase_bn(e))
         slotb, bkc_x = slot_bytes(block_k=e.block_k, bn=phase_bn(e)), kernel_chunk_cols(**dims)["BKC_X"]
-        sizes = sized_copies(**dims, mlp=mlp)
+        sizes = padded_fraction(**dims) > 0
     nr, xr, vr = tp or (1, 1, 0)
-    tiling = LY.Tiling(WAIT=e.mode == "targeted", **gemv_specs(cfg, e, tp is not None, mlp), BT=e.attn_dot_tile(),
+    tiling = LY.Tiling(WAIT=e.mode == "targeted", **gemv_specs(cfg, e, tp is not None), BT=e.attn_dot_tile(),
                        SPLIT=e.attn_block, GPOW=_next_pow2(grid), SAMPLE=sample, FILTER_BV=4 * e.num_warps,
                        TRACE=bool(trace), ATRACE=bool(trace and attn_stamps), VENDOR=vendor, TPC=int(e.tp_compat),
                        RING=ring, SLOTB=slotb, RING_SIZES=sizes, BKC_X=bkc_x, TAGQKV=bool(ring), TP=tp is not None,
-                       NR=nr, XR=xr, VR=vr, MLP=mlp.slices if mlp is not None else 0)
+                       NR=nr, XR=xr, VR=vr)
     opts: dict[str, Any] = {"num_warps": e.num_warps}
     if vendor == NVIDIA:
         # cap registers so ctas_per_sm CTAs fit on one SM (spills beat a grid that cannot be co-resident)
@@ -320,8 +315,8 @@ class Monokernel:
         """Weight ring (kog.engine.ring): the GEMV weights repacked as each CTA's chunks in consumption order
         (they replace the packed buffer: the ring path reads nothing else), each CTA's first chunk, the bytes
         of each chunk's copy, and the interpreter's global-memory stand-ins for the slots and row blocks."""
-        from kog.engine.ring import (pack_ring_weights, phase_bn, ring_bytes, ring_chunk_bytes, ring_order,
-                                     sized_copies, slot_bytes)
+        from kog.engine.ring import (pack_ring_weights, padded_fraction, phase_bn, ring_bytes, ring_chunk_bytes,
+                                     ring_order, slot_bytes)
         e, cfg, p = self.ecfg, self.cfg, self.plan
         self.ring_extra_smem = 0
         self.ring_lo = self.ring_sz = self.gring = self.grow = None
@@ -331,17 +326,16 @@ class Monokernel:
             raise ConfigError("weight_ring streams 16-bit weights (bf16 / fp16)")
         bn = phase_bn(e)
         H, I = cfg.hidden_size, cfg.intermediate_size
-        mlp = p.meta.get("mlp")
         tiles = {LY.T_QKV: cfg.qkv_size // e.bn_qkv, LY.T_O: H // e.bn_o, LY.T_GU: I // e.bn_gate_up,
-                 LY.T_DOWN: mlp.slices * mlp.blocks if mlp else H // e.bn_down, LY.T_LM: cfg.vocab_size // e.bn_lm}
+                 LY.T_DOWN: H // e.bn_down, LY.T_LM: cfg.vocab_size // e.bn_lm}
         order, lo = ring_order(p.tasks, p.cta_start, num_layers=cfg.num_layers, n_tiles=tiles, H=H, I=I,
-                               QS=cfg.q_size, block_k=e.block_k, bn=bn, mlp=mlp)
-        tight = sized_copies(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn, mlp=mlp)
+                               QS=cfg.q_size, block_k=e.block_k, bn=bn)
+        tight = padded_fraction(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn) > 0
         dt = self.wbuf.dtype
         self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
         self.wbuf = self._placeholder(dt) if self.compile_only else pack_ring_weights(
-            self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn, tight=tight, mlp=mlp).to(self.device)
-        sizes = ring_chunk_bytes(p.tasks, p.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn, mlp=mlp)
+            self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn, tight=tight).to(self.device)
+        sizes = ring_chunk_bytes(p.tasks, p.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_sz = torch.tensor(sizes if sizes.size else np.zeros(1, np.int32), dtype=torch.int32,
                                     device=self.device)
         self.ring_lo = torch.tensor(lo.astype(np.int32), dtype=torch.int32, device=self.device)

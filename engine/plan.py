@@ -14,9 +14,7 @@ earlier phase: no deadlock while all CTAs are co-resident), and owns every depen
               counter of the buffer it reads. The kernel reads nothing else about dependencies.
   special     with the weight ring, qkv reaches attention as token-tagged words (no counter: the split
               polls the words); grid mode replaces every counter by a barrier after each phase; layer 0
-              reads the embedding, released with the token (its wait base: always-ready counters); a fused
-              MLP (EngineConfig.fused_mlp) runs down on the CTA that produced its input slice (no wait) and
-              every down task adds into all of h' (one counter per layer, released by every down task).
+              reads the embedding, released with the token (its wait base: always-ready counters).
 
 check_plan() verifies a plan before it is launched: the table against the data flow (each task releases the
 counter of the rows it writes and waits on the buffer it reads), the counter targets against their producers,
@@ -34,7 +32,6 @@ from kog.engine.engine_config import EngineConfig
 from kog.engine.layout import (BUF_ACT, BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_NAMES, BUF_QKV, HEAD_EARLY_BIT,
                                HEAD_LAYER_SHIFT, N_BUF_SINGLE, ROW_HEAD, ROW_RELEASE, ROW_TILE, ROW_WAIT, ROW_WORDS,
                                T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV, TASK_NAMES)
-from kog.engine.ring import MlpSplit, mlp_split_of
 from kog.engine.schedule import ScheduleError, Step, simulate
 
 
@@ -73,15 +70,14 @@ def tagged_qkv(ecfg: EngineConfig) -> bool:
     return bool(ecfg.weight_ring)
 
 
-def _phase_tasks(model: ModelConfig, ecfg: EngineConfig, attn_splits: int = 1,
-                 mlp: MlpSplit | None = None) -> list[tuple[int, int, int]]:
+def _phase_tasks(model: ModelConfig, ecfg: EngineConfig, attn_splits: int = 1) -> list[tuple[int, int, int]]:
     """(type, layer, n_tiles) of every phase of one decode step, in execution order."""
     ph = []
-    n_down = mlp.slices * mlp.blocks if mlp is not None else model.hidden_size // ecfg.bn_down
     for layer in range(model.num_layers):
         ph += [(T_QKV, layer, model.qkv_size // ecfg.bn_qkv), (T_ATTN, layer, model.num_kv_heads * attn_splits),
                (T_O, layer, model.hidden_size // ecfg.bn_o),
-               (T_GU, layer, model.intermediate_size // ecfg.bn_gate_up), (T_DOWN, layer, n_down)]
+               (T_GU, layer, model.intermediate_size // ecfg.bn_gate_up),
+               (T_DOWN, layer, model.hidden_size // ecfg.bn_down)]
     ph.append((T_LM, model.num_layers, model.vocab_size // ecfg.bn_lm))
     return ph
 
@@ -130,20 +126,11 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
         # i * cps + slot runs on the i-th SM of the scan when every SM holds cps programs
         die_of_cta = np.repeat(np.array([sm_partition[s] for s in sm_ids]), ecfg.ctas_per_sm)
 
-    mlp = mlp_split_of(model, ecfg, grid)
     per_cta: list[list[tuple[int, int, int, int]]] = [[] for _ in range(grid)]
     cursor = 0
     nbar = 0
-    slice_owner = np.zeros(0, dtype=np.int64)
-    for ttype, layer, n in _phase_tasks(model, ecfg, attn_splits, mlp):
-        if mlp is not None and ttype == T_GU:      # whole slices: a slice's gate_up tiles on one CTA
-            slice_owner, cursor = _deal(mlp.slices, grid, ecfg.mapping, cursor, die_of_cta)
-            owner = np.repeat(slice_owner, np.diff(mlp.tiles))
-        elif mlp is not None and ttype == T_DOWN:  # on its gate_up's CTA
-            _deal_slices(per_cta, layer, mlp, slice_owner)
-            owner = np.zeros(0, dtype=np.int64)
-        else:
-            owner, cursor = _deal(n, grid, ecfg.mapping, cursor, die_of_cta)
+    for ttype, layer, n in _phase_tasks(model, ecfg, attn_splits):
+        owner, cursor = _deal(n, grid, ecfg.mapping, cursor, die_of_cta)
         for tile, c in enumerate(owner):
             per_cta[int(c)].append((ttype, layer, tile, 0))
         if ecfg.mode == "grid" and ttype != T_LM:
@@ -155,26 +142,15 @@ def make_plan(model: ModelConfig, ecfg: EngineConfig, sms: int,
     tasks = np.array([t for lst in per_cta for t in lst], dtype=np.int32).reshape(-1, 4)
     cta_start = np.zeros(grid + 1, dtype=np.int32)
     cta_start[1:] = np.cumsum([len(lst) for lst in per_cta])
-    layout, R, target = _counters(model, ecfg, mlp)
+    layout, R, target = _counters(model, ecfg)
     if tagged_qkv(ecfg):     # nothing releases or waits on the qkv counters
         for layer in range(model.num_layers):
             target[layout[layer, BUF_QKV]:layout[layer, BUF_QKV + 1]] = 0
     plan = Plan(grid=grid, tasks=tasks, cta_start=cta_start, layout=layout, rows_per_counter=R, target=target,
                 n_counters=len(target), barriers_per_token=nbar, tagged_qkv=tagged_qkv(ecfg), cta_die=die_of_cta,
-                meta={"mapping": ecfg.mapping, "mode": ecfg.mode, "sms": sms, "attn_splits": attn_splits,
-                      "mlp": mlp})
+                meta={"mapping": ecfg.mapping, "mode": ecfg.mode, "sms": sms, "attn_splits": attn_splits})
     plan.rows = task_rows(plan, model, ecfg)
     return plan
-
-
-def _deal_slices(per_cta: list, layer: int, mlp: MlpSplit, slice_owner: np.ndarray) -> None:
-    """A fused MLP's down tasks of one layer: slice s's row blocks on slice s's CTA (tile s * blocks + j),
-    each CTA starting at another block (j = s, s + 1, ...) so the CTAs' partial sums do not all land on the
-    same rows of h' at once."""
-    nb = mlp.blocks
-    for s, c in enumerate(slice_owner.tolist()):
-        for k in range(nb):
-            per_cta[int(c)].append((T_DOWN, layer, s * nb + (s + k) % nb, 0))
 
 
 def _producer_rows(model: ModelConfig, ecfg: EngineConfig) -> dict[int, tuple[int, int]]:
@@ -185,11 +161,8 @@ def _producer_rows(model: ModelConfig, ecfg: EngineConfig) -> dict[int, tuple[in
             BUF_HMID: (H, ecfg.bn_o), BUF_ACT: (model.intermediate_size, ecfg.bn_gate_up), BUF_HOUT: (H, ecfg.bn_down)}
 
 
-def _counters(model: ModelConfig, ecfg: EngineConfig,
-              mlp: MlpSplit | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(layout [L, N_BUF_SINGLE], rows per counter [N_BUF_SINGLE], target per counter). A fused MLP: h' has one
-    counter a layer, which every down task releases (each adds into every row), and nobody releases act (down
-    reads its own CTA's)."""
+def _counters(model: ModelConfig, ecfg: EngineConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(layout [L, N_BUF_SINGLE], rows per counter [N_BUF_SINGLE], target per counter)."""
     R_default = ecfg.sync_rows or ecfg.block_k
     group_rows = (model.num_heads // model.num_kv_heads) * model.head_dim
     # The attention output is published per KV group (the last split of a KV head merges and releases its
@@ -198,11 +171,7 @@ def _counters(model: ModelConfig, ecfg: EngineConfig,
     R_attn = group_rows * max(1, int(R_default) // group_rows)
     R = np.array([R_default, R_attn, R_default, R_default, R_default], dtype=np.int32)
     sizes = _producer_rows(model, ecfg)
-    if mlp is not None:
-        R[BUF_HOUT] = model.hidden_size
     for b, (n_rows, bn) in sizes.items():
-        if mlp is not None and b == BUF_HOUT:
-            continue
         if R[b] % bn:
             raise ConfigError(f"wait granularity: {R[b]} rows per counter is not a multiple of the "
                               f"producer's {bn} rows per task")
@@ -212,10 +181,7 @@ def _counters(model: ModelConfig, ecfg: EngineConfig,
         for b, (n_rows, bn) in sizes.items():
             layout[layer, b] = len(targets)
             for c0 in range(0, n_rows, int(R[b])):
-                if mlp is not None and b in (BUF_ACT, BUF_HOUT):
-                    targets.append(0 if b == BUF_ACT else mlp.slices * mlp.blocks)
-                else:
-                    targets.append(-(-min(int(R[b]), n_rows - c0) // bn))
+                targets.append(-(-min(int(R[b]), n_rows - c0) // bn))
     return layout, R, np.array(targets, dtype=np.int32)
 
 
@@ -226,13 +192,13 @@ def counters_over(plan: Plan, buf: int, layer: int, lo: int, hi: int) -> range:
     return range(first + lo // R, first + (hi - 1) // R + 1)
 
 
-def early_residual(tasks: np.ndarray, cta_start: np.ndarray, fused_mlp: bool = False) -> np.ndarray:
+def early_residual(tasks: np.ndarray, cta_start: np.ndarray) -> np.ndarray:
     """Per task, whether its residual rows are proven ready before its input wait: an O task after a qkv task
     of its layer in its CTA's list (qkv waited for the whole layer input, O's residual), a down task after a
     gate_up task of its layer (gate_up waited for all of hmid, down's residual). The kernel then loads them
-    before the wait, so their L2 latency leaves the task's epilogue. A fused MLP's down has no residual."""
+    before the wait, so their L2 latency leaves the task's epilogue."""
     out = np.zeros(len(tasks), dtype=bool)
-    needs = {T_O: T_QKV} if fused_mlp else {T_O: T_QKV, T_DOWN: T_GU}
+    needs = {T_O: T_QKV, T_DOWN: T_GU}
     for c in range(len(cta_start) - 1):
         seen: set[tuple[int, int]] = set()
         for i in range(int(cta_start[c]), int(cta_start[c + 1])):
@@ -255,7 +221,6 @@ def task_rows(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> np.ndarray:
     rel = np.full(len(t), -1, dtype=np.int64)
     wait = np.zeros(len(t), dtype=np.int64)
     prev_h = np.where(layer > 0, lay[np.maximum(layer - 1, 0), BUF_HOUT], plan.dummy_base)
-    mlp = plan.meta.get("mlp")
     for ty, (bn, out_buf, wait_base) in {
             T_QKV: (ecfg.bn_qkv, BUF_QKV, prev_h), T_O: (ecfg.bn_o, BUF_HMID, lay[lc, BUF_ATTN]),
             T_GU: (ecfg.bn_gate_up, BUF_ACT, lay[lc, BUF_HMID]), T_DOWN: (ecfg.bn_down, BUF_HOUT, lay[lc, BUF_ACT])
@@ -263,11 +228,6 @@ def task_rows(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> np.ndarray:
         m = typ == ty
         rel[m] = lay[layer[m], out_buf] + (tile[m] * bn) // R[out_buf]
         wait[m] = wait_base[m]
-    if mlp is not None:      # down reads its own CTA's gate_up output and adds into all of h' (one counter)
-        m = typ == T_DOWN
-        rel[m] = lay[layer[m], BUF_HOUT]
-        wait[m] = plan.dummy_base
-        rel[typ == T_GU] = -1
     m = typ == T_ATTN
     group_rows = model.q_size // model.num_kv_heads   # tile = kv head * splits + split
     rel[m] = lay[layer[m], BUF_ATTN] + (tile[m] // plan.meta["attn_splits"]) * group_rows // R[BUF_ATTN]
@@ -277,7 +237,7 @@ def task_rows(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> np.ndarray:
         rel[:] = -1                                    # grid mode publishes nothing: barriers order phases
     if plan.tagged_qkv:
         rel[typ == T_QKV] = -1                         # attention polls the tagged words instead
-    early = early_residual(plan.tasks, plan.cta_start, mlp is not None)
+    early = early_residual(plan.tasks, plan.cta_start)
     out = np.zeros((len(t), ROW_WORDS), dtype=np.int64)
     out[:, ROW_HEAD] = typ | (early.astype(np.int64) << HEAD_EARLY_BIT) | (layer << HEAD_LAYER_SHIFT)
     out[:, ROW_TILE] = np.where(typ == T_BAR, t[:, 3], tile)
@@ -288,12 +248,10 @@ def task_rows(plan: Plan, model: ModelConfig, ecfg: EngineConfig) -> np.ndarray:
 
 # ---- the data flow, stated once per task type ------------------------------------------------------------------
 
-def task_io(model: ModelConfig, ecfg: EngineConfig, typ: int, layer: int, tile: int, attn_splits: int,
-            mlp: MlpSplit | None = None):
+def task_io(model: ModelConfig, ecfg: EngineConfig, typ: int, layer: int, tile: int, attn_splits: int):
     """(reads, residual, writes) of one task, each a (buffer, layer, row lo, row hi) or None: the rows its GEMV
     or attention reads, the residual rows O / down add, the rows it produces. The layer input of layer l is
-    buffer h of layer l - 1 (layer -1: the embedding, written when the token is handed over). A fused MLP's
-    down reads its slice of act and adds into every row of h' (O stored hmid there)."""
+    buffer h of layer l - 1 (layer -1: the embedding, written when the token is handed over)."""
     H, QS, KVS, HD = model.hidden_size, model.q_size, model.kv_size, model.head_dim
     G = model.num_heads // model.num_kv_heads
     reads, residual, writes = [], None, None
@@ -311,8 +269,6 @@ def task_io(model: ModelConfig, ecfg: EngineConfig, typ: int, layer: int, tile: 
     elif typ == T_GU:
         reads = [(BUF_HMID, layer, 0, H)]
         writes = (BUF_ACT, layer, tile * ecfg.bn_gate_up, (tile + 1) * ecfg.bn_gate_up)
-    elif typ == T_DOWN and mlp is not None:
-        reads, writes = [(BUF_ACT, layer, *mlp.columns(mlp.slice_of_tile(tile)))], (BUF_HOUT, layer, 0, H)
     elif typ == T_DOWN:
         rows = (tile * ecfg.bn_down, (tile + 1) * ecfg.bn_down)
         reads = [(BUF_ACT, layer, 0, model.intermediate_size)]
@@ -342,20 +298,17 @@ def check_plan(plan: Plan, model: ModelConfig, ecfg: EngineConfig, tokens: int =
     live_splits(token): the attention splits of each KV head that hold cached positions at that token (only
     they arrive; kernel/attention.live_splits); default every split, the full cache, which waits the most."""
     splits = plan.meta.get("attn_splits", 1)
-    mlp = plan.meta.get("mlp")
     _check_tasks(plan, model, ecfg, splits)
-    io = [task_io(model, ecfg, int(t[0]), int(t[1]), int(t[2]), splits, mlp) if t[0] != T_BAR else None
+    io = [task_io(model, ecfg, int(t[0]), int(t[1]), int(t[2]), splits) if t[0] != T_BAR else None
           for t in plan.tasks]
     _check_table(plan, model, ecfg, splits, io)
     _check_early_residuals(plan, io)
-    if mlp is not None:
-        _check_local_inputs(plan, io)
     live = live_splits or (lambda t: splits)
     simulate(_programs(plan, model, ecfg, splits, io, live), tokens, describe=lambda o: _describe(plan, o))
 
 
 def _check_tasks(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int) -> None:
-    expected = _phase_tasks(model, ecfg, splits, plan.meta.get("mlp"))
+    expected = _phase_tasks(model, ecfg, splits)
     order = {(t, layer): i for i, (t, layer, _) in enumerate(expected)}
     seen = {(t, layer): 0 for t, layer, _ in expected}
     nbar = plan.barriers_per_token
@@ -387,15 +340,13 @@ def _check_table(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int
     by task_io, independently of task_rows); each counter's target is the releases it gets per token."""
     releases = np.zeros(plan.n_counters, dtype=np.int64)
     targeted = ecfg.mode == "targeted"
-    fused = plan.meta.get("mlp") is not None
     for i, (typ, layer, tile, _) in enumerate(plan.tasks.tolist()):
         if typ == T_BAR:
             continue
         reads, _, writes = io[i]
         row = plan.rows[i]
         want_rel = -1
-        unpublished = (typ == T_QKV and plan.tagged_qkv) or (typ == T_GU and fused)
-        if targeted and writes is not None and not unpublished:
+        if targeted and writes is not None and not (typ == T_QKV and plan.tagged_qkv):
             cs = counters_over(plan, *writes)
             if len(cs) != 1:
                 raise ScheduleError(f"{_label(typ, layer, tile)} writes rows {writes[2]}..{writes[3] - 1} across "
@@ -407,8 +358,7 @@ def _check_table(plan: Plan, model: ModelConfig, ecfg: EngineConfig, splits: int
             raise ScheduleError(f"{_label(typ, layer, tile)} releases counter {row[ROW_RELEASE]}, its rows' is "
                                 f"{want_rel}")
         buf, src_layer = reads[0][0], reads[0][1]
-        local = typ == T_DOWN and fused          # its own CTA's gate_up output (_check_local_inputs)
-        want_wait = plan.dummy_base if src_layer < 0 or local else int(plan.layout[src_layer, buf])
+        want_wait = plan.dummy_base if src_layer < 0 else int(plan.layout[src_layer, buf])
         if row[ROW_WAIT] != want_wait:
             raise ScheduleError(f"{_label(typ, layer, tile)} waits from counter {row[ROW_WAIT]}, the first of "
                                 f"{BUF_NAMES[buf]} of layer {src_layer} is {want_wait}")
@@ -433,27 +383,9 @@ def _check_early_residuals(plan: Plan, io: list) -> None:
                     typ, layer, tile = (int(x) for x in plan.tasks[i, :3])
                     raise ScheduleError(f"CTA {c}: {_label(typ, layer, tile)} loads its residual before its wait, "
                                         f"but no earlier task of the CTA waited for those rows")
-            local = plan.meta.get("mlp") is not None and int(plan.tasks[i, 0]) == T_DOWN
             for (buf, layer, lo, hi) in reads:
-                if lo == 0 and int(plan.tasks[i, 0]) != T_ATTN and not local:   # a GEMV waits for its whole input
+                if lo == 0 and int(plan.tasks[i, 0]) != T_ATTN:     # a GEMV waits for its whole input
                     covered.add((buf, layer))
-
-
-def _check_local_inputs(plan: Plan, io: list) -> None:
-    """A fused MLP's down task waits for nothing: every act row it reads must come from a gate_up task of the
-    same layer that ran earlier in its own CTA."""
-    for c in range(plan.grid):
-        made: dict[int, set[int]] = {}
-        for i in range(int(plan.cta_start[c]), int(plan.cta_start[c + 1])):
-            typ, layer, tile = (int(x) for x in plan.tasks[i, :3])
-            if typ == T_GU:
-                _, _, (_, _, lo, hi) = io[i]
-                made.setdefault(layer, set()).update(range(lo, hi))
-            elif typ == T_DOWN:
-                (_, _, lo, hi), = io[i][0]
-                if not set(range(lo, hi)) <= made.get(layer, set()):
-                    raise ScheduleError(f"CTA {c}: {_label(typ, layer, tile)} reads act rows {lo}..{hi - 1} that no "
-                                        f"earlier gate_up task of its CTA wrote")
 
 
 def _describe(plan: Plan, obj) -> str:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataclasses import dataclass
-
 from kog.engine.layout import GEMV_TYPES, RING_BAR_BYTES, T_DOWN, T_GU, T_LM, T_O, T_QKV
 
 
@@ -42,88 +40,28 @@ def pow2ceil(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
-@dataclass(frozen=True)
-class MlpSplit:
-    """The fused MLP's split of the intermediate (EngineConfig.fused_mlp): slice s is gate_up's tiles
-    [tiles[s], tiles[s + 1]) and down's columns under them; one CTA runs a slice's gate_up tiles and then
-    down over just those columns, every hidden row in `rows`-row tasks, each ONE chunk [rows, slice width]
-    (packed densely: row pitch = the slice's width), and adds its partial sums into h' (the sum of every
-    slice's partials is down's output). Down's input is then the CTA's own gate_up output: no hop between
-    gate_up and down, and down's work is dealt as evenly as gate_up's."""
-    tiles: tuple[int, ...]      # gate_up tile bounds of the slices, len = slices + 1
-    bn_gu: int                  # gate_up rows per tile
-    rows: int                   # hidden rows per down task
-    cols: int                   # a down chunk's width: the power of two covering the widest slice
-    hidden: int
-
-    @property
-    def slices(self) -> int:
-        return len(self.tiles) - 1
-
-    @property
-    def blocks(self) -> int:
-        """Down tasks per slice (hidden rows / rows)."""
-        return self.hidden // self.rows
-
-    def columns(self, s: int) -> tuple[int, int]:
-        """Intermediate columns [c0, c1) of slice s."""
-        return self.tiles[s] * self.bn_gu, self.tiles[s + 1] * self.bn_gu
-
-    def slice_of_tile(self, down_tile: int) -> int:
-        return down_tile // self.blocks
-
-
-def mlp_split(*, H: int, I: int, bn_gu: int, grid: int, slot: int) -> MlpSplit:
-    """The slices of a fused MLP on `grid` CTAs: gate_up's tiles dealt as evenly as whole tiles allow (slice
-    s: tiles [s n / S, (s + 1) n / S), the same integer rule the kernel applies), down's rows per task as
-    many as a slot holds at the slice width, at most the largest power of two dividing H."""
-    n = I // bn_gu
-    S = min(grid, n)
-    tiles = tuple((s * n) // S for s in range(S + 1))
-    cols = pow2ceil(-(-n // S) * bn_gu)
-    rows = max(1, min(slot // cols, H & -H))
-    return MlpSplit(tiles=tiles, bn_gu=bn_gu, rows=rows, cols=cols, hidden=H)
-
-
-def mlp_split_of(model, ecfg, grid: int) -> MlpSplit | None:
-    """The fused MLP's slices for a model, an EngineConfig and a grid (None: down not fused)."""
-    if not ecfg.fused_mlp:
-        return None
-    from kog.engine.config import ConfigError
-    slot = slot_elems(block_k=ecfg.block_k, bn=phase_bn(ecfg))
-    m = mlp_split(H=model.hidden_size, I=model.intermediate_size, bn_gu=ecfg.bn_gate_up, grid=grid, slot=slot)
-    if m.rows < 8:
-        raise ConfigError(f"engine config: fused_mlp's down chunks would hold {m.rows} rows of a {m.cols}-column "
-                          f"slice (a slot of {slot} elements); it needs 8: a larger block_k, or more CTAs")
-    return m
-
-
 def phase_k(typ: int, *, H: int, I: int, QS: int) -> int:
     """K of a GEMV task type: the hidden size, except O (the query width) and down (the intermediate size)."""
     return {T_QKV: H, T_O: QS, T_GU: H, T_DOWN: I, T_LM: H}[typ]
 
 
-def chunk_shape(typ: int, *, H: int, I: int, QS: int, block_k: int, bn: dict[int, int],
-                mlp: MlpSplit | None = None) -> tuple[int, int, int]:
+def chunk_shape(typ: int, *, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[int, int, int]:
     """(K, columns per chunk, rows per chunk) of a GEMV task type.
 
     A chunk fills one slot: as many columns as a slot holds for the phase's rows (gate_up: its bn gate rows
     and bn up rows), at most the power of two that covers K. With every bn equal that is block_k (gate_up:
     block_k / 2); a phase with fewer rows gets wider chunks, so fewer rows share each per-chunk row
     reduction (bn_gate_up 4 at bn 8 elsewhere: gate_up's [8, 2048] chunk spans all of a 2048-wide K, one
-    chunk per task). A fused MLP's down (mlp): one chunk of mlp.rows rows over a slice, mlp.cols wide."""
-    if typ == T_DOWN and mlp is not None:
-        return mlp.cols, mlp.cols, mlp.rows
+    chunk per task)."""
     K = phase_k(typ, H=H, I=I, QS=QS)
     rows = 2 * bn[typ] if typ == T_GU else bn[typ]
     bkc = min(slot_elems(block_k=block_k, bn=bn) // rows, pow2ceil(K))
     return K, bkc, rows
 
 
-def kernel_chunk_cols(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int],
-                      mlp: MlpSplit | None = None) -> dict[str, int]:
+def kernel_chunk_cols(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> dict[str, int]:
     """The monokernel's per-phase chunk widths (constexprs BKC_*), as chunk_shape gives them."""
-    dims = dict(H=H, I=I, QS=QS, block_k=block_k, bn=bn, mlp=mlp)
+    dims = dict(H=H, I=I, QS=QS, block_k=block_k, bn=bn)
     names = {T_QKV: "BKC_QKV", T_O: "BKC_O", T_GU: "BKC_GU", T_DOWN: "BKC_DOWN", T_LM: "BKC_LM"}
     # BKC_X: the width of the normed-input cache, the chunk of every phase whose one chunk spans its normed
     # input (K = H for qkv, gate_up and the LM head; chunk_shape caps those at the power of two covering H)
@@ -157,12 +95,6 @@ def padded_fraction(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int]
     return 1.0 - real / padded
 
 
-def sized_copies(*, H: int, I: int, QS: int, block_k: int, bn: dict[int, int], mlp: MlpSplit | None = None) -> bool:
-    """Whether the ring copies each chunk at its own size (RING_SIZES): a short last K step, or a fused MLP's
-    down chunks (each as wide as its slice)."""
-    return mlp is not None or padded_fraction(H=H, I=I, QS=QS, block_k=block_k, bn=bn) > 0
-
-
 def _nkc(typ: int, dims: dict, block_k: int, bn: dict[int, int]) -> int:
     K, bkc, _ = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
     return -(-K // bkc)
@@ -192,11 +124,10 @@ def _cta_gemv_tasks(tasks: np.ndarray, cta_start: np.ndarray):
 
 
 def ring_order(tasks: np.ndarray, cta_start: np.ndarray, *, num_layers: int, n_tiles: dict[int, int],
-               H: int, I: int, QS: int, block_k: int, bn: dict[int, int],
-               mlp: MlpSplit | None = None) -> tuple[np.ndarray, np.ndarray]:
+               H: int, I: int, QS: int, block_k: int, bn: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """(natural chunk index of every chunk in consumption order, first chunk of each CTA [grid + 1]) for the
     monokernel's task table `tasks` ([T, >= 3]: type, layer, tile, ...)."""
-    dims = dict(H=H, I=I, QS=QS, mlp=mlp)
+    dims = dict(H=H, I=I, QS=QS)
     base = natural_bases(num_layers, n_tiles, dims, block_k, bn)
     order = []
     counts = np.zeros(len(cta_start) - 1, dtype=np.int64)
@@ -236,20 +167,8 @@ def _matrix_chunks(w, bn: int, bkc: int, slot: int, up=None, tight: bool = False
     return c
 
 
-def _slice_chunks(w, mlp: MlpSplit, slot: int):
-    """[slices * blocks, slot] chunks of a fused MLP's down (W [H, I]): slice-major, then row block; each the
-    block's rows x the slice's columns, stored densely (row pitch = the slice's width), padded to one slot."""
-    import torch
-    out = torch.zeros(mlp.slices * mlp.blocks, slot, dtype=w.dtype, device=w.device)
-    for s in range(mlp.slices):
-        c0, c1 = mlp.columns(s)
-        blocks = w[:, c0:c1].reshape(mlp.blocks, mlp.rows * (c1 - c0))
-        out[s * mlp.blocks:(s + 1) * mlp.blocks, :blocks.shape[1]] = blocks
-    return out
-
-
 def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: int, bn: dict[int, int],
-                      tight: bool = False, mlp: MlpSplit | None = None):
+                      tight: bool = False):
     """The GEMV weights as consecutive slot-sized chunks in consumption order (ring_order): chunk i of the
     result is natural chunk order[i]. Same bytes as the checkpoint's matrices, reordered (and padded;
     tight: short last K steps stored densely, see _matrix_chunks)."""
@@ -264,8 +183,7 @@ def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: i
         nat.append(_matrix_chunks(L["wqkv"], bn[T_QKV], bkc[T_QKV], slot, tight=tight))
         nat.append(_matrix_chunks(L["wo"], bn[T_O], bkc[T_O], slot, tight=tight))
         nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], bkc[T_GU], slot, up=L["w_up"], tight=tight))
-        nat.append(_slice_chunks(L["w_down"], mlp, slot) if mlp is not None
-                   else _matrix_chunks(L["w_down"], bn[T_DOWN], bkc[T_DOWN], slot, tight=tight))
+        nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], bkc[T_DOWN], slot, tight=tight))
     nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], bkc[T_LM], slot, tight=tight))
     nat = torch.cat(nat, 0)
     idx = torch.as_tensor(order, device=nat.device)
@@ -273,17 +191,12 @@ def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: i
 
 
 def ring_chunk_bytes(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int, QS: int, block_k: int,
-                     bn: dict[int, int], elem: int = 2, mlp: MlpSplit | None = None) -> np.ndarray:
+                     bn: dict[int, int], elem: int = 2) -> np.ndarray:
     """Bytes each chunk's bulk copy moves, in consumption order (ring_order's): rows x columns of the K step
-    (a short last step only its ne columns: the tight packing; a fused MLP's down: its slice's columns). The
-    kernel reads it when RING_SIZES."""
+    (a short last step only its ne columns: the tight packing). The kernel reads it when RING_SIZES."""
     dims = dict(H=H, I=I, QS=QS)
     out = []
-    for _, typ, _, tile in _cta_gemv_tasks(tasks, cta_start):
-        if typ == T_DOWN and mlp is not None:
-            c0, c1 = mlp.columns(mlp.slice_of_tile(tile))
-            out.append(mlp.rows * (c1 - c0) * elem)
-            continue
+    for _, typ, _, _ in _cta_gemv_tasks(tasks, cta_start):
         K, bkc, rows = chunk_shape(typ, block_k=block_k, bn=bn, **dims)
         out.extend(rows * min(bkc, K - k0) * elem for k0 in range(0, K, bkc))
     return np.asarray(out, dtype=np.int32)

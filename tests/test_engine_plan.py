@@ -154,8 +154,7 @@ def test_task_rows_state_every_dependency():
 
 
 CHECK_CONFIGS = [dict(), dict(mode="grid"), dict(sync_rows=0, bn_qkv=16), dict(mapping="contiguous", ctas_per_sm=1),
-                 dict(bn_o=32, bn_down=32, bn_lm=32, sync_rows=1024), dict(fused_mlp=1),
-                 dict(fused_mlp=1, mode="grid", mapping="contiguous")]
+                 dict(bn_o=32, bn_down=32, bn_lm=32, sync_rows=1024)]
 
 
 @pytest.mark.parametrize("preset", sorted(p for p in PRESETS if p != "tiny"))
@@ -208,47 +207,6 @@ def test_the_checker_names_each_broken_invariant(corrupt, match):
         p.rows[lo:hi] = p.rows[lo:hi][::-1].copy()
     with pytest.raises(ScheduleError, match=match):
         check_plan(p, cfg, e)
-
-
-def test_fused_mlp_puts_down_on_its_slice_and_the_checker_holds_it_there():
-    """fused_mlp: gate_up is dealt in slices as even as whole tiles allow, each slice's down tasks run on the
-    slice's CTA after its gate_up tiles and wait for nothing, h' has one counter a layer that every down task
-    releases; a down task moved to another CTA reads act rows nobody there wrote, and the checker says so."""
-    cfg = PRESETS["tiny"].replace(intermediate_size=160)
-    e = EngineConfig(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, sync_rows=32, weight_ring=2,
-                     block_k=128, fused_mlp=1, ctas_per_sm=1)
-    p = make_plan(cfg, e, 3, attn_splits=2)
-    check_plan(p, cfg, e)
-    mlp = p.meta["mlp"]
-    assert mlp.slices == 3 and sorted(np.diff(mlp.tiles).tolist()) == [3, 3, 4] and mlp.cols == 64
-    owner = np.searchsorted(p.cta_start, np.arange(len(p.tasks)), side="right") - 1
-    for layer in range(cfg.num_layers):
-        gu = (p.tasks[:, 0] == T_GU) & (p.tasks[:, 1] == layer)
-        down = np.flatnonzero((p.tasks[:, 0] == T_DOWN) & (p.tasks[:, 1] == layer))
-        assert len(down) == mlp.slices * mlp.blocks
-        for i in down:
-            s = mlp.slice_of_tile(int(p.tasks[i, 2]))
-            tiles = range(mlp.tiles[s], mlp.tiles[s + 1])
-            assert set(owner[gu & np.isin(p.tasks[:, 2], tiles)]) == {owner[i]}
-        assert (p.rows[down, ROW_WAIT] == p.dummy_base).all()
-        assert len(set(p.rows[down, ROW_RELEASE])) == 1
-        assert p.target[p.rows[down[0], ROW_RELEASE]] == len(down)
-        assert (p.rows[gu, ROW_RELEASE] == -1).all()
-    # a down task of CTA 0 swapped with one of CTA 1 (same layer): each reads a slice its CTA never wrote
-    d0 = [i for i in down if owner[i] == 0][0]
-    d1 = [i for i in down if owner[i] == 1][0]
-    p.tasks[[d0, d1]] = p.tasks[[d1, d0]]
-    p.rows[[d0, d1]] = p.rows[[d1, d0]]
-    with pytest.raises(ScheduleError, match="that no earlier gate_up task of its CTA wrote"):
-        check_plan(p, cfg, e)
-
-
-@pytest.mark.parametrize("bad, match", [(dict(weight_ring=0), "runs on the weight ring"),
-                                        (dict(bn_gate_up=1), "bn_gate_up >= 2"), (dict(fused_mlp=2), "not in 0, 1")])
-def test_fused_mlp_configs_that_cannot_run_are_refused(bad, match):
-    e = sm90_default(LLAMA).replace(**{"fused_mlp": 1, **bad})
-    with pytest.raises(ConfigError, match=match):
-        e.validate(LLAMA)
 
 
 def test_the_simulation_finds_a_deadlock_and_names_the_stuck_wait():

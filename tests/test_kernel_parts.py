@@ -133,7 +133,7 @@ def test_the_ring_hands_out_each_chunk_in_order():
     w = torch.randn(n * BN * BKC, dtype=torch.float16)
     C = _cx(LY.Tiling(WAIT=True, QKV=None, O=None, GU=None, DOWN=None, LM=None, BT=16, SPLIT=16, GPOW=1, SAMPLE=0,
                       FILTER_BV=16, TRACE=False, ATRACE=False, VENDOR=0, TPC=1, RING=2, SLOTB=BN * BKC * 2,
-                      RING_SIZES=False, BKC_X=BKC, TAGQKV=True, TP=False, NR=1, XR=1, VR=0, MLP=0))
+                      RING_SIZES=False, BKC_X=BKC, TAGQKV=True, TP=False, NR=1, XR=1, VR=0))
     pa = LY.PlanArgs(None, None, None, None, None, None, torch.tensor([0, n], dtype=torch.int32), None,
                      torch.zeros(2 * BN * BKC, dtype=torch.float16), None, None)
     out = torch.zeros(n * BN * BKC)
@@ -192,7 +192,7 @@ def _tiling(ring: int, spec_kw: dict, slotb: int = 0) -> LY.Tiling:
     spec = LY.GemvSpec(**spec_kw)
     return _cx(LY.Tiling(WAIT=False, QKV=spec, O=spec, GU=spec, DOWN=spec, LM=spec, BT=16, SPLIT=16, GPOW=1,
                          SAMPLE=0, FILTER_BV=16, TRACE=False, ATRACE=False, VENDOR=0, TPC=1, RING=ring, SLOTB=slotb,
-                         RING_SIZES=False, BKC_X=spec.BK if ring else 0, TAGQKV=False, TP=False, NR=1, XR=1, VR=0, MLP=0))
+                         RING_SIZES=False, BKC_X=spec.BK if ring else 0, TAGQKV=False, TP=False, NR=1, XR=1, VR=0))
 
 
 @pytest.mark.parametrize("K, BK, norm", [(48, 16, True), (32, 64, True), (40, 16, False)])
@@ -266,7 +266,7 @@ def test_attention_splits_and_their_merge_match_softmax_attention():
                      QK_NORM=False))
     C = _cx(LY.Tiling(WAIT=False, QKV=None, O=None, GU=None, DOWN=None, LM=None, BT=BT, SPLIT=BT, GPOW=1, SAMPLE=0,
                       FILTER_BV=16, TRACE=False, ATRACE=False, VENDOR=0, TPC=1, RING=0, SLOTB=0, RING_SIZES=False,
-                      BKC_X=0, TAGQKV=False, TP=False, NR=1, XR=1, VR=0, MLP=0))
+                      BKC_X=0, TAGQKV=False, TP=False, NR=1, XR=1, VR=0))
     part = torch.zeros(nkv * S * 16 * (HD + 2))
     out = torch.zeros(QS)
     kc0 = kc.clone()

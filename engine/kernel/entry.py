@@ -26,7 +26,7 @@ from kog.engine.kernel.names import (E_LOGITS, E_RENDEZVOUS, E_TOKEN, HEAD_EARLY
 from kog.engine.kernel.ring import RingCursor, RingSpan, ring_close, ring_fill, ring_open, row_read, rows_load, rows_store
 from kog.engine.kernel.sampling import Filter, filtered_pick, filtered_reset, post_draw, tile_best
 from kog.engine.kernel.sync import Pending, Waits, grid_barrier, publish, publish_before, record_abort, spin_until
-from kog.engine.kernel.tasks import Best, StreamState, gate_up_task, lm_task, mlp_down_task, qkv_task, residual_task
+from kog.engine.kernel.tasks import Best, StreamState, gate_up_task, lm_task, qkv_task, residual_task
 from kog.engine.kernel.trace import trace_task
 from kog.engine.kernel.vendor import global_time_ns, sm_id
 
@@ -100,11 +100,7 @@ def monokernel(mw, ac, pa, sy, tra, fx, pos0, n_tokens, force, seed, top_k, inv_
                 elif task.kind == T_GU:
                     sm, pend, waited = gate_up_task(task, tok, sm, pend, me, mw, ac, pa, sy, fx, M, C)
                 elif task.kind == T_DOWN:
-                    if C.MLP > 0:
-                        sm, pend, waited = mlp_down_task(task, tok, sm, pend, me, mw, ac, pa, sy, M, C)
-                    else:
-                        sm, pend, waited = residual_task(task, tok, sm, pend, me, mw, ac, pa, sy, fx, C.DOWN, True,
-                                                         M, C)
+                    sm, pend, waited = residual_task(task, tok, sm, pend, me, mw, ac, pa, sy, fx, C.DOWN, True, M, C)
                 elif task.kind == T_LM:
                     sm, best, waited = lm_task(task, tok, sm, best, me, mw, ac, pa, sy, fx, run, M, C)
                 elif C.TP:     # the cross-GPU exchange (targeted mode only: a TP plan has no barriers)

@@ -276,38 +276,3 @@ def _gemv_ring(inp, t1, task, eps, wc, rc, xc, rs, w, pa, sy, cta, S, C):
             acc = acc * r
             acc2 = acc2 * r
     return acc, acc2, waited, wc, RingCursor(cn, rc.pn), XCache(xc_l, xc_h, xc_key, xd, xd_key)
-
-
-@triton.jit
-def gemv_slice(x, ne, key, task, xc, rc, rs, w, pa, sy, cta, S, C):
-    """A fused MLP's down task (kog.engine.ring.MlpSplit): S.BN rows of Wdown over the ne columns of this CTA's
-    slice (x: its act rows, which this CTA's own gate_up tasks stored: no wait), ONE ring chunk stored densely
-    (row pitch ne). The slice stays in registers as model-dtype words (as _gemv_ring's XW: gate_up already
-    rounded it) for the CTA's other row blocks of the layer. Returns (acc, RingCursor, XCache)."""
-    DT: tl.constexpr = w.dtype.element_ty
-    BKC: tl.constexpr = S.BK
-    # the CTA barrier in ring_fill also orders gate_up's stores of the slice before its loads below
-    rc = ring_fill(rs, rc, w, pa, cta, C)
-    xd = xc.d
-    xd_key = xc.dkey
-    if DT != tl.float32:
-        if key == xd_key:
-            xl, xh = unpack_words(xd, DT)
-        else:
-            xl, xh = _slice_pairs(x, ne, BKC)
-            xd = pack_pairs(xl, xh, DT)
-            xd_key = key
-    else:
-        xl, xh = _slice_pairs(x, ne, BKC)
-    dep = ring_wait(rs, rc.cn, sy, task, C)
-    lo, hi = ring_tile(rs, rc.cn, pa, cta, ne, dep, S.BN, BKC, DT, C)
-    acc = tl.sum(lo * xl[None, :] + hi * xh[None, :], axis=1)
-    return acc, RingCursor(rc.cn + 1, rc.pn), XCache(xc.l, xc.h, xc.key, xd, xd_key)
-
-
-@triton.jit
-def _slice_pairs(x, ne, BKC: tl.constexpr):
-    """x[2j] and x[2j + 1] for 2j < ne (0 beyond: the next slice's rows belong to another CTA)."""
-    rj = tl.arange(0, BKC // 2)
-    ok = 2 * rj < ne
-    return tl.load(x + 2 * rj, mask=ok, other=0.0), tl.load(x + 2 * rj + 1, mask=ok, other=0.0)

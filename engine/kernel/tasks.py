@@ -4,7 +4,6 @@
   o        hmid = h + rows of Wo . attn                  (tensor parallelism: the partial sum only)
   gate_up  silu(Wg . RMSNorm(hmid)) * (Wu . RMSNorm(hmid))
   down     h' = hmid + rows of Wdown . act               (tensor parallelism: the partial sum only)
-           fused MLP: h' += every row of Wdown . (this CTA's slice of act); O stored hmid into h' first
   lm       logits = rows of Wlm . RMSNorm(h_L) -> this tile's best candidate for the next token
 
 Each returns the CTA's updated stream state (StreamState: wait cache, ring cursor, input cache), its pending
@@ -15,14 +14,13 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
-from kog.engine.kernel.gemv import GemvInput, gemv, gemv_slice, rounded_sum
+from kog.engine.kernel.gemv import GemvInput, gemv, rounded_sum
 from kog.engine.kernel.names import (ACT_ATTN, ACT_COLS, ACT_DPART, ACT_H, ACT_HMID, ACT_HOUT, ACT_MLP, ACT_OPART,
                                      ACT_QKV, BUF_ACT, BUF_ATTN, BUF_HMID, BUF_HOUT, P_ATTN_NORM, P_BIAS, P_FFN_NORM,
                                      SOFF_COLS, TP_VOCAB_LO)
 from kog.engine.kernel.numerics import rnd
 from kog.engine.kernel.sampling import gumbel_scores, tile_best
 from kog.engine.kernel.sync import Pending, tag_store
-from kog.engine.kernel.vendor import red_add_f32
 
 # what a CTA carries from task to task: the wait cache, the ring's cursor, the inputs held in registers
 StreamState = namedtuple("StreamState", "wc rc xc")
@@ -85,30 +83,9 @@ def residual_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, S, DOWN: tl.cons
     else:
         if task.early == 0:
             h = tl.load(ac.act + tl.load(aoff + res_col) + rows, cache_modifier=".cg")
-        y = rnd(h + rounded_sum(acc, DT, S.RANKS), DT)
-        tl.store(ac.act + tl.load(aoff + (ACT_HOUT if DOWN else ACT_HMID)) + rows, y)
-        if C.MLP > 0:    # a fused MLP's down adds into h': it starts as hmid (released with hmid)
-            tl.store(ac.act + tl.load(aoff + ACT_HOUT) + rows, y)
+        tl.store(ac.act + tl.load(aoff + (ACT_HOUT if DOWN else ACT_HMID)) + rows,
+                 rnd(h + rounded_sum(acc, DT, S.RANKS), DT))
     return sm, Pending(pend.counter, pend.n + 1), waited
-
-
-@triton.jit
-def mlp_down_task(task, tok, sm, pend, cta, mw, ac, pa, sy, M, C):
-    """A fused MLP's down task (kog.engine.ring.MlpSplit): C.DOWN.BN rows of Wdown over this CTA's slice of
-    the intermediate, added into h' (float32 atomics: the order of the slices' sums varies run to run, at
-    float32 rounding). Tile = slice * blocks + row block; the slice's bounds follow the plan's integer rule."""
-    NGU: tl.constexpr = M.I // C.GU.BN
-    NB: tl.constexpr = M.H // C.DOWN.BN
-    s = task.tile // NB
-    t0 = (s * NGU) // C.MLP
-    c0 = t0 * C.GU.BN
-    ne = (((s + 1) * NGU) // C.MLP - t0) * C.GU.BN
-    aoff = ac.aoff + task.layer * ACT_COLS
-    xo = tl.load(aoff + ACT_MLP)
-    acc, rc, xc = gemv_slice(ac.act + xo + c0, ne, xo + c0 + tok.xtok, task.index, sm.xc, sm.rc, cta.rs, mw.w, pa, sy,
-                             cta.index, C.DOWN, C)
-    red_add_f32(ac.act + tl.load(aoff + ACT_HOUT) + (task.tile % NB) * C.DOWN.BN, acc, C.DOWN.BN, C.VENDOR)
-    return StreamState(sm.wc, rc, xc), Pending(pend.counter, pend.n + 1), tl.zeros([], dtype=tl.int64)
 
 
 @triton.jit

@@ -273,19 +273,3 @@ def dyn_smem_size(VENDOR: tl.constexpr):
         n = tl.full([], 0, tl.int32)
     return n
 
-
-
-@triton.jit
-def red_add_f32(ptr, v, N: tl.constexpr, VENDOR: tl.constexpr):
-    """ptr[i] += v[i] for i < N (float32, relaxed, GPU scope; nothing read back). NVIDIA: one 16-byte
-    red.global.add.v4.f32 per 4 values (sm_90; ptr 16-byte aligned): a quarter of the atomic operations the L2
-    serves when every CTA adds into the same rows at once. Elsewhere (AMD: UNVERIFIED) tl.atomic_add."""
-    if VENDOR == 1:
-        a, b = tl.split(tl.reshape(v, [N // 4, 2, 2]))    # v[4i + 2j], v[4i + 2j + 1]
-        v0, v2 = tl.split(a)
-        v1, v3 = tl.split(b)
-        p = (ptr + 4 * tl.arange(0, N // 4)).to(tl.int64)     # an address: asm operands broadcast together
-        tl.inline_asm_elementwise("red.relaxed.gpu.global.add.v4.f32 [$1], {$2, $3, $4, $5};\n\tmov.u32 $0, 0;",
-                                  "=r,l,f,f,f,f", [p, v0, v1, v2, v3], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.atomic_add(ptr + tl.arange(0, N), v, sem="relaxed", scope="gpu")
