@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kog.engine.engine_config import PHASES as GEMV_PHASES
@@ -290,6 +291,48 @@ def tail_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     tab["distinct_last"] = who.groupby("phase")["cta"].nunique()
     tab["groups"] = who.groupby("phase").size()
     return tab.reindex([p for p in GEMV_PHASES if p in tab.index]).reset_index()
+
+
+STREAMING_COLUMNS = ["phase", "few_us", "half_us", "most_us", "token_share_few"]
+NO_STREAM = "none"
+
+
+def streaming_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
+    """How many CTAs keep the weight stream going, instant by instant, over each traced token of `system`
+    (means over tokens, us a token). A CTA streams while it is inside a task past the task's wait; each instant
+    counts for the phase with the most streaming CTAs then (NO_STREAM when none). few_us: at most an eighth of
+    the grid streams, too few to keep the HBM busy; half_us: at most half; most_us: more than half.
+    token_share_few: few_us over the token. A wait only costs where it leaves the HBM with few streaming CTAs
+    (a CTA waiting while the others stream has its ring full): this says where that happens. Needs the
+    timeline's cta, start_ns and wait_ns columns; empty without them."""
+    t = _system_tasks(tl, system, {"step", "phase", "cta", "start_ns", "end_ns", "wait_ns"})
+    if t is None:
+        return pd.DataFrame(columns=STREAMING_COLUMNS)
+    grid = t["cta"].nunique()
+    span_of = t.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    t = t[t["phase"] != BARRIER_PHASE]                    # a CTA at a grid barrier streams nothing
+    phases = sorted(t["phase"].unique(), key=_phase_key)
+    acc = np.zeros((len(phases) + 1, 3))
+    span = 0.0
+    steps = t["step"].unique()
+    for step, s in t.groupby("step"):
+        lo = (s["start_ns"] + s["wait_ns"]).to_numpy(dtype=np.int64)
+        hi = s["end_ns"].to_numpy(dtype=np.int64)
+        ph = s["phase"].map({p: i for i, p in enumerate(phases)}).to_numpy()
+        edges = np.unique(np.concatenate([lo, hi, span_of.loc[step].to_numpy(dtype=np.int64)]))
+        counts = np.zeros((len(phases), len(edges)), dtype=np.int64)
+        np.add.at(counts, (ph, np.searchsorted(edges, lo)), 1)
+        np.add.at(counts, (ph, np.searchsorted(edges, hi)), -1)
+        counts = counts.cumsum(axis=1)[:, :-1]             # on [edges[i], edges[i + 1])
+        dt = np.diff(edges) / 1e3
+        total = counts.sum(axis=0)
+        who = np.where(total > 0, counts.argmax(axis=0), len(phases))
+        band = np.select([total <= grid // 8, total <= grid // 2], [0, 1], 2)
+        np.add.at(acc, (who, band), dt)
+        span += dt.sum()
+    tab = pd.DataFrame(acc / len(steps), index=phases + [NO_STREAM], columns=STREAMING_COLUMNS[1:4])
+    tab["token_share_few"] = tab["few_us"] / (span / len(steps))
+    return tab[tab[STREAMING_COLUMNS[1:4]].sum(axis=1) > 0].rename_axis("phase").reset_index()
 
 
 ATTN_TIMING_COLUMNS = ["split", "start_us", "wait_end_us", "end_us", "merged", "layers"]

@@ -25,7 +25,7 @@ from kog.errors import UsageError
 from kog.reports import figures as F
 from kog.reports.bench_tables import (critical_path_table, fastest_baseline, layer_segments, model_shapes_of,
                                       phase_breakdown, phase_table, phase_weight_bytes, rel_errs, spread,
-                                      tail_table)
+                                      streaming_table, tail_table)
 from kog.reports.html import Section, corrupt_files, error_for, note_corrupt, render_page, table_or_none
 
 PUBLISHED_GRID_SYNC_SHARE = 0.35   # the published monokernel system's grid-sync share on standard stacks
@@ -34,6 +34,8 @@ TAIL_HEADERS = {"tail_us": "ended later (us)", "late_start_us": "began later (us
                 "more_busy_us": "streamed longer (us)", "more_tasks": "more tasks",
                 "same_last_next": "same CTA last next token", "distinct_last": "CTAs ever last",
                 "groups": "layers x tokens"}
+STREAMING_HEADERS = {"few_us": "at most 1/8 of the CTAs streaming (us)", "half_us": "at most 1/2 (us)",
+                     "most_us": "more than 1/2 (us)", "token_share_few": "share of the token with at most 1/8"}
 BENCH_JSON_NAMES = ("bench", "results", "summary")
 
 
@@ -348,6 +350,15 @@ def bench_sections(run, out: Path) -> list[Section]:
             for n, t in tails:
                 t = t.rename(columns=TAIL_HEADERS).round(3).dropna(axis=1, how="all")
                 sec.table(t, caption=f"{n}: the last CTA of each phase")
+        streams = [(n, streaming_table(tl, n)) for n, _ in seg_tables]
+        streams = [(n, t) for n, t in streams if not t.empty]
+        if streams:
+            sec.p("How many CTAs keep the weight stream going: each instant of a traced token counts for the phase "
+                  "most of the streaming CTAs run then ('none': no CTA streams), by how many stream. A wait only "
+                  "costs where it leaves too few CTAs streaming to keep the memory busy: a CTA that waits while "
+                  "the others stream has its ring full. The first column is where the token loses its bandwidth.")
+            for n, t in streams:
+                sec.table(t.rename(columns=STREAMING_HEADERS).round(3), caption=f"{n}: CTAs streaming, by phase")
     else:
         sec.missing("the per-layer critical path needs the instrumented run's 'timeline' table (task end stamps "
                     "per layer and phase).", error_for(run, "timeline", "instrument"))

@@ -8,7 +8,7 @@ import pytest
 
 from kog.reports import layer_anatomy as la
 from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
-                                      phase_weight_bytes, tail_table)
+                                      phase_weight_bytes, streaming_table, tail_table)
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "reports" / "data" / "h200_bench_run"
@@ -92,16 +92,40 @@ def test_tail_table_tells_a_slow_cta_from_a_late_one():
     assert tail_table(pd.DataFrame(rows), "other").empty
 
 
+def test_streaming_table_counts_the_ctas_that_stream_at_each_instant():
+    # 16 CTAs: all stream gate_up for 10 us, then CTA 0 alone for 2 us; nothing streams for 1 us (CTA 1's
+    # attention split waiting), then the split alone for 2 us. CTA 2 sits at a grid barrier throughout (not
+    # streaming). Two tokens the same: the table is a mean over tokens.
+    rows = []
+    for step in range(2):
+        z = 100_000 * step
+        for cta in range(16):
+            rows.append(dict(system="s", step=step, phase="gate_up", cta=cta, start_ns=z, end_ns=z + 10_000, wait_ns=0))
+        rows.append(dict(system="s", step=step, phase="gate_up", cta=0, start_ns=z + 10_000, end_ns=z + 12_000,
+                         wait_ns=0))
+        rows.append(dict(system="s", step=step, phase="attn", cta=1, start_ns=z + 12_000, end_ns=z + 15_000,
+                         wait_ns=1_000))
+        rows.append(dict(system="s", step=step, phase="barrier", cta=2, start_ns=z, end_ns=z + 15_000, wait_ns=0))
+    tab = streaming_table(pd.DataFrame(rows), "s").set_index("phase")
+    assert list(tab.index) == ["attn", "gate_up", "none"]
+    assert tuple(tab.loc["gate_up", ["few_us", "half_us", "most_us"]]) == pytest.approx((2.0, 0.0, 10.0))
+    assert tuple(tab.loc["attn", ["few_us", "most_us"]]) == pytest.approx((2.0, 0.0))
+    assert tab.loc["none", "few_us"] == pytest.approx(1.0)
+    assert tab.loc["gate_up", "token_share_few"] == pytest.approx(2 / 15)
+    assert streaming_table(pd.DataFrame(rows).drop(columns="wait_ns"), "s").empty
+
+
 def test_an_engine_check_timeline_with_hops(tmp_path, capsys):
     # bench/engine_check.py --save-timeline writes timeline_t<i>.parquet (its system column is the entry's
     # name): layer_anatomy reads it as one system, without a bench.json (no streaming columns)
     tl = pd.read_parquet(RUN / "timeline.parquet")
     f = tmp_path / "timeline_t0.parquet"
     tl[tl["system"] == "kog-targeted"].assign(system="t0").to_parquet(f)
-    assert la.main([str(f), "--hops", "--tails"]) == 0
+    assert la.main([str(f), "--hops", "--tails", "--streaming"]) == 0
     out = capsys.readouterr().out
     assert "what each segment is made of" in out and "o -> gate_up" in out.split("made of")[1]
     assert "gate_up" in out.split("against the median CTA")[1]
+    assert "attn" in out.split("CTAs streaming")[1]
 
 
 def test_attn_split_timing_of_a_synthetic_trace(tmp_path, capsys):

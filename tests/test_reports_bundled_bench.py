@@ -93,6 +93,7 @@ def test_bundled_bench_report_shows_the_h200_numbers(bundled_html):
     # and why each phase's last CTA is last, per kog system (one traced token: no next-token column)
     assert "kog-targeted: the last CTA of each phase" in cp
     assert "began later (us)" in cp and "streamed longer (us)" in cp
+    assert "kog-targeted: CTAs streaming, by phase" in cp and "at most 1/8 of the CTAs streaming (us)" in cp
     # per-phase table from breakdown_extra.phases: every phase, both kog systems, waiting split out
     bd = secs["breakdown"]
     for ph in g["breakdown_extra"]["phases"]:
