@@ -39,6 +39,18 @@ STREAMING_HEADERS = {"few_us": "at most 1/8 of the CTAs streaming (us)", "half_u
 BENCH_JSON_NAMES = ("bench", "results", "summary")
 
 
+def _timeline_tables(sec: Section, tl: pd.DataFrame, systems: list[str], table_of, headers: dict[str, str],
+                     caption: str, intro: str) -> None:
+    """One table a system from the timeline (table_of(tl, system)), under one paragraph; nothing when every
+    system's table is empty."""
+    tabs = [(n, table_of(tl, n)) for n in systems]
+    tabs = [(n, t) for n, t in tabs if not t.empty]
+    if tabs:
+        sec.p(intro)
+        for n, t in tabs:
+            sec.table(t.rename(columns=headers).round(3).dropna(axis=1, how="all"), caption=caption.format(n))
+
+
 class JsonBench:
     """A bench JSON file outside any run directory, read like a run that has only its document."""
 
@@ -340,25 +352,19 @@ def bench_sections(run, out: Path) -> list[Section]:
             tab = tab.rename(columns={"us": "measured (us)", "stream_us": "streaming alone (us)",
                                       "excess_us": "excess (us)"})
             sec.table(tab.round(2).dropna(axis=1, how="all"), caption=n)
-        tails = [(n, tail_table(tl, n)) for n, _ in seg_tables]
-        tails = [(n, t) for n, t in tails if not t.empty]
-        if tails:
-            sec.p("Why each phase's last CTA ends last: against the median CTA, how much later it ended, began the "
-                  "phase, waited and streamed (us), how many more tasks it ran, and how often the same CTA is "
-                  "last in that layer the next traced token (about 1 / CTAs by chance; empty with one traced "
-                  "token). A tail the same CTA keeps is a plan's to fix; one that moves every token is not.")
-            for n, t in tails:
-                t = t.rename(columns=TAIL_HEADERS).round(3).dropna(axis=1, how="all")
-                sec.table(t, caption=f"{n}: the last CTA of each phase")
-        streams = [(n, streaming_table(tl, n)) for n, _ in seg_tables]
-        streams = [(n, t) for n, t in streams if not t.empty]
-        if streams:
-            sec.p("How many CTAs keep the weight stream going: each instant of a traced token counts for the phase "
-                  "most of the streaming CTAs run then ('none': no CTA streams), by how many stream. A wait only "
-                  "costs where it leaves too few CTAs streaming to keep the memory busy: a CTA that waits while "
-                  "the others stream has its ring full. The first column is where the token loses its bandwidth.")
-            for n, t in streams:
-                sec.table(t.rename(columns=STREAMING_HEADERS).round(3), caption=f"{n}: CTAs streaming, by phase")
+        names = [n for n, _ in seg_tables]
+        _timeline_tables(sec, tl, names, tail_table, TAIL_HEADERS, "{}: the last CTA of each phase",
+                         "Why each phase's last CTA ends last: against the median CTA, how much later it ended, "
+                         "began the phase, waited and streamed (us), how many more tasks it ran, and how often the "
+                         "same CTA is last in that layer the next traced token (about 1 / CTAs by chance; empty "
+                         "with one traced token). A tail the same CTA keeps is a plan's to fix; one that moves "
+                         "every token is not.")
+        _timeline_tables(sec, tl, names, streaming_table, STREAMING_HEADERS, "{}: CTAs streaming, by phase",
+                         "How many CTAs keep the weight stream going: each instant of a traced token counts for "
+                         "the phase most of the streaming CTAs run then ('none': no CTA streams), by how many "
+                         "stream. A wait only costs where it leaves too few CTAs streaming to keep the memory "
+                         "busy: a CTA that waits while the others stream has its ring full. The first column is "
+                         "where the token loses its bandwidth.")
     else:
         sec.missing("the per-layer critical path needs the instrumented run's 'timeline' table (task end stamps "
                     "per layer and phase).", error_for(run, "timeline", "instrument"))
