@@ -60,24 +60,16 @@ def read_GBps(nbytes: int = 2 << 30, iters: int = 10) -> float:
     each CTA sums its chunks, nothing written back), bytes read per second / 1e9, median of CUDA-event timings.
     A torch reduction is no better a reader than the copy; this is the probe the scan's read figure comes from."""
     from kog.probe.probes.bandwidth import CTAS_PER_SM, launch_read
+    from kog.probe.probes.common import cuda_time_ms
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.rand(nbytes // 4, dtype=torch.float32, device="cuda")
     grid = CTAS_PER_SM * sms
     out = torch.zeros(grid, dtype=torch.float32, device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    for _ in range(2):
-        launch_read(x, out, counter, sms, grid, True)
-    ms = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        launch_read(x, out, counter, sms, grid, True)
-        e.record()
-        e.synchronize()
-        ms.append(s.elapsed_time(e))
+    ms = cuda_time_ms(lambda: launch_read(x, out, counter, sms, grid, True), iters, 2)
     del x
     torch.cuda.empty_cache()
-    return nbytes / (statistics.median(ms) * 1e-3) / 1e9
+    return nbytes / (ms * 1e-3) / 1e9
 
 
 def phase_bytes(cfg) -> dict[str, float]:
