@@ -1,0 +1,144 @@
+"""Device script: the same engine config from two source trees, same run, in alternating processes.
+
+A kernel change has no switch to flip inside one process, so this runs each tree's kog in its own process:
+for each preset, ROUNDS rounds of (tree A, tree B, ...), each process building the engine on the same random
+bf16 weights (seed 0) and the rule's config (kog.tune.store.tuned_config), one warm-up launch, then LAUNCHES
+timed launches (tok/s = new tokens / the launch's seconds). A tree's first process also checks it: the
+teacher-forced error over 32 tokens against the float32 reference (the bf16 weights upcast) and the first
+greedy divergence from the bf16 reference. The limit = the first process's copy rate (read + written) /
+weight bytes a token. Compiled kernels come from Triton's cache after each tree's first process.
+
+python3 bench/ab_trees.py OUT.json --tree base=DIR --tree new=DIR [--presets llama-3.2-1b ...]
+    [--mode targeted|grid] [--rounds 3]
+A tree DIR holds an importable `kog` package (e.g. what bench/device_env.sh links). Writes OUT.json after
+every process (a timeout keeps what ran). KOG_GIT_COMMIT names the commit of the tree run from this checkout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT, NEW, MAX_SEQ, CHECK, LAUNCHES = list(range(100, 164)), 256, 384, 32, 2
+
+
+def worker(preset: str, mode: str, check: bool) -> dict:
+    """One process's measurement of the tree on PYTHONPATH (run with --worker)."""
+    import torch
+
+    from kog.engine.config import PRESETS
+    from kog.engine.monokernel import Monokernel
+    from kog.engine.reference import Reference
+    from kog.engine.weights import random_weights
+    from kog.tune.bench import copy_bandwidth_GBps, first_divergence, max_rel_err, reference_fp32_logits
+    from kog.tune.store import tuned_config
+
+    dev = torch.device("cuda")
+    cfg = PRESETS[preset].replace(eos_token_id=())
+    w = random_weights(cfg, "cuda", seed=0, dtype=torch.bfloat16)
+    out: dict = {}
+    if check:
+        ref = Reference(cfg, w, MAX_SEQ)
+        tokens = ref.greedy(PROMPT, CHECK)
+        del ref
+        fp32 = reference_fp32_logits(cfg, w, PROMPT, tokens)
+        torch.cuda.empty_cache()
+        out["copy_GBps"] = copy_bandwidth_GBps(dev)
+        out["weight_bytes_per_token"] = cfg.weight_bytes_per_token()
+    ecfg = tuned_config(cfg, dev, MAX_SEQ).replace(mode=mode)
+    mk = Monokernel(cfg, w, ecfg, dev, max_seq=MAX_SEQ)
+    mk.n_eos = 0
+    out["regs"] = getattr(mk, "kernel_regs", None)
+    if check:
+        logits = mk.teacher_forced_logits(PROMPT, tokens)
+        toks, _ = mk.generate(PROMPT, CHECK)
+        out["rel_err_vs_fp32_ref"] = max_rel_err(logits, fp32)
+        out["first_divergence_vs_bf16_ref"] = first_divergence(toks, tokens)
+    mk.generate(PROMPT, NEW)              # warm-up: the launch length's specialization, first touch
+    out["tok_per_s"] = [NEW / mk.generate(PROMPT, NEW)[1] for _ in range(LAUNCHES)]
+    out["config"] = {k: getattr(ecfg, k) for k in ("mode", "ctas_per_sm", "num_warps", "block_k", "weight_ring")}
+    return out
+
+
+def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", preset, "--mode", mode] + (["--check"] if check
+                                                                                           else [])
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"error": f"exit {p.returncode}: {p.stderr.strip()[-1500:]}"}
+    return json.loads(lines[-1])
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """Per tree: the median tok/s over every timed launch of every round, its min and max, the check."""
+    out = {}
+    for name, rs in runs.items():
+        rates = [r for x in rs for r in x.get("tok_per_s", [])]
+        first = rs[0] if rs else {}
+        out[name] = {"tok_per_s": statistics.median(rates) if rates else None, "min": min(rates, default=None),
+                     "max": max(rates, default=None), "n": len(rates), "regs": first.get("regs"),
+                     "rel_err_vs_fp32_ref": first.get("rel_err_vs_fp32_ref"),
+                     "first_divergence_vs_bf16_ref": first.get("first_divergence_vs_bf16_ref"),
+                     "errors": [x["error"] for x in rs if "error" in x]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--tree", action="append", default=[], help="NAME=DIR (repeat; the first is the baseline)")
+    ap.add_argument("--presets", nargs="+", default=["llama-3.2-1b"])
+    ap.add_argument("--mode", default="targeted")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one process may take")
+    ap.add_argument("--worker")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.mode, a.check), default=str), flush=True)
+        return
+    if not a.out or len(a.tree) < 2 or any("=" not in t for t in a.tree):
+        ap.error("give OUT.json and at least two --tree NAME=DIR")
+    trees = dict(t.split("=", 1) for t in a.tree)
+    base = next(iter(trees))
+    doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "trees": trees, "mode": a.mode, "rounds": a.rounds,
+           "launches_per_process": LAUNCHES, "prompt_tokens": len(PROMPT), "new_tokens": NEW, "max_seq": MAX_SEQ,
+           "date": time.strftime("%Y-%m-%d"), "presets": {}}
+    try:
+        import torch
+        doc["device"] = torch.cuda.get_device_name()
+    except Exception as e:                  # recorded, not fatal: the workers report their own failure
+        doc["device"] = f"unknown ({e!r})"
+    for preset in a.presets:
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        entry = doc["presets"][preset] = {}
+        for r in range(a.rounds):
+            for name, tree in trees.items():
+                runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout))
+                entry.update(runs=runs, summary=summarize(runs))
+                first = runs[base][0]
+                if "copy_GBps" in first:
+                    entry["limit_tok_per_s"] = first["copy_GBps"] * 1e9 / first["weight_bytes_per_token"]
+                with open(a.out, "w") as f:
+                    json.dump(doc, f, indent=1, default=str)
+        s = entry["summary"]
+        ratios = {n: s[n]["tok_per_s"] / s[base]["tok_per_s"] for n in s
+                  if s[n]["tok_per_s"] and s[base]["tok_per_s"]}
+        entry["over_" + base] = ratios
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        print(preset, {n: (round(s[n]["tok_per_s"] or 0, 1), s[n]["rel_err_vs_fp32_ref"], s[n]["errors"][:1])
+                       for n in s}, {n: round(v, 4) for n, v in ratios.items()}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
