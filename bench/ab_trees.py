@@ -52,7 +52,6 @@ def worker(preset: str, mode: str, check: bool) -> dict:
     ecfg = tuned_config(cfg, dev, MAX_SEQ).replace(mode=mode)
     mk = Monokernel(cfg, w, ecfg, dev, max_seq=MAX_SEQ)
     mk.n_eos = 0
-    out["regs"] = getattr(mk, "kernel_regs", None)
     if check:
         logits = mk.teacher_forced_logits(PROMPT, tokens)
         toks, _ = mk.generate(PROMPT, CHECK)
@@ -60,6 +59,7 @@ def worker(preset: str, mode: str, check: bool) -> dict:
         out["first_divergence_vs_bf16_ref"] = first_divergence(toks, tokens)
     mk.generate(PROMPT, NEW)              # warm-up: the launch length's specialization, first touch
     out["tok_per_s"] = [NEW / mk.generate(PROMPT, NEW)[1] for _ in range(LAUNCHES)]
+    out["regs"], out["spills"] = getattr(mk, "kernel_regs", None), getattr(mk, "kernel_spills", None)  # (set at launch)
     out["config"] = {k: getattr(ecfg, k) for k in ("mode", "ctas_per_sm", "num_warps", "block_k", "weight_ring")}
     return out
 

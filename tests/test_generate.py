@@ -374,3 +374,21 @@ def test_all_presets_script_benches_and_adds_up(tmp_path):
     assert set(s["presets"]) == {"tiny", "other"}
     assert s["total_seconds"] == pytest.approx(entry["seconds"] + 2.5, abs=2e-3)
     assert json.loads((tmp_path / "all_presets.json").read_text()) == s
+
+
+def test_ab_trees_summarizes_rounds_and_keeps_a_failed_process(tmp_path):
+    """bench/ab_trees.py's pieces on the CPU: the summary is the median over every timed launch of every round
+    with its range and the first process's check; a process that fails (here: an unknown preset) is recorded as
+    an error, not raised, so the other trees and presets still run."""
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("ab_trees", repo / "bench" / "ab_trees.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    runs = {"a": [{"tok_per_s": [10.0, 12.0], "rel_err_vs_fp32_ref": 7e-3, "regs": 220}, {"tok_per_s": [11.0, 30.0]}],
+            "b": [{"error": "exit 1: boom"}, {"tok_per_s": [5.0]}]}
+    s = ab.summarize(runs)
+    assert s["a"]["tok_per_s"] == pytest.approx(11.5) and (s["a"]["min"], s["a"]["max"], s["a"]["n"]) == (10.0, 30.0, 4)
+    assert s["a"]["rel_err_vs_fp32_ref"] == 7e-3 and s["a"]["errors"] == []
+    assert s["b"]["tok_per_s"] == 5.0 and s["b"]["errors"] == ["exit 1: boom"] and s["b"]["rel_err_vs_fp32_ref"] is None
+    out = ab._run_worker(str(tmp_path), "no-such-preset", "targeted", False, timeout_s=300)
+    assert set(out) == {"error"} and out["error"].startswith("exit 1") and "no-such-preset" in out["error"]
