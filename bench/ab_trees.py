@@ -92,6 +92,12 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     return out
 
 
+def _save(path: str, doc: dict) -> None:
+    """The document so far, replaced atomically: a timeout mid-write leaves the previous one, not half a file."""
+    from kog.fsutil import atomic_write_text
+    atomic_write_text(path, json.dumps(doc, indent=1, default=str))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
@@ -128,14 +134,12 @@ def main() -> None:
                 first = runs[base][0]
                 if "copy_GBps" in first:
                     entry["limit_tok_per_s"] = first["copy_GBps"] * 1e9 / first["weight_bytes_per_token"]
-                with open(a.out, "w") as f:
-                    json.dump(doc, f, indent=1, default=str)
+                _save(a.out, doc)
         s = entry["summary"]
         ratios = {n: s[n]["tok_per_s"] / s[base]["tok_per_s"] for n in s
                   if s[n]["tok_per_s"] and s[base]["tok_per_s"]}
         entry["over_" + base] = ratios
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
+        _save(a.out, doc)
         print(preset, {n: (round(s[n]["tok_per_s"] or 0, 1), s[n]["rel_err_vs_fp32_ref"], s[n]["errors"][:1])
                        for n in s}, {n: round(v, 4) for n, v in ratios.items()}, flush=True)
 
