@@ -116,7 +116,9 @@ def main() -> None:
         ap.error("give OUT.json and at least two --tree NAME=DIR")
     trees = dict(t.split("=", 1) for t in a.tree)
     base = next(iter(trees))
-    doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "trees": trees, "mode": a.mode, "rounds": a.rounds,
+    from kog.provenance import package_versions
+    doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": trees,
+           "mode": a.mode, "rounds": a.rounds,
            "launches_per_process": LAUNCHES, "prompt_tokens": len(PROMPT), "new_tokens": NEW, "max_seq": MAX_SEQ,
            "date": time.strftime("%Y-%m-%d"), "presets": {}}
     try:
