@@ -9,8 +9,9 @@ greedy divergence from the bf16 reference. The limit = the first process's copy 
 weight bytes a token. Compiled kernels come from Triton's cache after each tree's first process.
 
 python3 bench/ab_trees.py OUT.json --tree base=DIR --tree new=DIR [--presets llama-3.2-1b ...]
-    [--mode targeted|grid] [--rounds 3]
-A tree DIR holds an importable `kog` package (e.g. what bench/device_env.sh links). Writes OUT.json after
+    [--mode targeted|grid] [--rounds 3] [--override NAME='{"attn_block": 32}']
+--override changes EngineConfig fields of one tree's config (the rule's, then these): the same tree may run
+twice under two names, one with the override. A tree DIR holds an importable `kog` package (e.g. what bench/device_env.sh links). Writes OUT.json after
 every process (a timeout keeps what ran). KOG_GIT_COMMIT names the commit of the tree run from this checkout.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 PROMPT, NEW, MAX_SEQ, CHECK, LAUNCHES = list(range(100, 164)), 256, 384, 32, 2
 
 
-def worker(preset: str, mode: str, check: bool) -> dict:
+def worker(preset: str, mode: str, check: bool, override: dict | None = None) -> dict:
     """One process's measurement of the tree on PYTHONPATH (run with --worker)."""
     import torch
 
@@ -49,7 +50,7 @@ def worker(preset: str, mode: str, check: bool) -> dict:
         torch.cuda.empty_cache()
         out["copy_GBps"] = copy_bandwidth_GBps(dev)
         out["weight_bytes_per_token"] = cfg.weight_bytes_per_token()
-    ecfg = tuned_config(cfg, dev, MAX_SEQ).replace(mode=mode)
+    ecfg = tuned_config(cfg, dev, MAX_SEQ).replace(mode=mode, **(override or {}))
     mk = Monokernel(cfg, w, ecfg, dev, max_seq=MAX_SEQ)
     mk.n_eos = 0
     if check:
@@ -60,14 +61,16 @@ def worker(preset: str, mode: str, check: bool) -> dict:
     mk.generate(PROMPT, NEW)              # warm-up: the launch length's specialization, first touch
     out["tok_per_s"] = [NEW / mk.generate(PROMPT, NEW)[1] for _ in range(LAUNCHES)]
     out["regs"], out["spills"] = getattr(mk, "kernel_regs", None), getattr(mk, "kernel_spills", None)  # (set at launch)
-    out["config"] = {k: getattr(ecfg, k) for k in ("mode", "ctas_per_sm", "num_warps", "block_k", "weight_ring")}
+    out["config"] = ecfg.to_dict()
     return out
 
 
-def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float) -> dict:
+def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float, override: str = "") -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", preset, "--mode", mode] + (["--check"] if check
                                                                                            else [])
+    if override:
+        cmd += ["--config-json", override]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -98,6 +101,21 @@ def _save(path: str, doc: dict) -> None:
     atomic_write_text(path, json.dumps(doc, indent=1, default=str))
 
 
+def _parse_overrides(items: list[str], trees: dict, ap: argparse.ArgumentParser) -> dict[str, str]:
+    """NAME=JSON items as {name: JSON text}; an unknown tree name or JSON that is not an object is a usage error."""
+    out = {}
+    for it in items:
+        name, _, text = it.partition("=")
+        try:
+            ok = name in trees and isinstance(json.loads(text), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"--override {it!r}: want NAME=JSON object, NAME one of {sorted(trees)}")
+        out[name] = text
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
@@ -106,18 +124,24 @@ def main() -> None:
     ap.add_argument("--mode", default="targeted")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one process may take")
+    ap.add_argument("--override", action="append", default=[],
+                    help="NAME=JSON: EngineConfig fields for that tree (repeat)")
+    ap.add_argument("--config-json", default="")
     ap.add_argument("--worker")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker, a.mode, a.check), default=str), flush=True)
+        override = json.loads(a.config_json) if a.config_json else None
+        print(json.dumps(worker(a.worker, a.mode, a.check, override), default=str), flush=True)
         return
     if not a.out or len(a.tree) < 2 or any("=" not in t for t in a.tree):
         ap.error("give OUT.json and at least two --tree NAME=DIR")
     trees = dict(t.split("=", 1) for t in a.tree)
     base = next(iter(trees))
+    overrides = _parse_overrides(a.override, trees, ap)
     from kog.provenance import package_versions
     doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": trees,
+           "overrides": {n: json.loads(v) for n, v in overrides.items()},
            "mode": a.mode, "rounds": a.rounds,
            "launches_per_process": LAUNCHES, "prompt_tokens": len(PROMPT), "new_tokens": NEW, "max_seq": MAX_SEQ,
            "date": time.strftime("%Y-%m-%d"), "presets": {}}
@@ -131,7 +155,7 @@ def main() -> None:
         entry = doc["presets"][preset] = {}
         for r in range(a.rounds):
             for name, tree in trees.items():
-                runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout))
+                runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout, overrides.get(name, "")))
                 entry.update(runs=runs, summary=summarize(runs))
                 first = runs[base][0]
                 if "copy_GBps" in first:

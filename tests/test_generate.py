@@ -392,3 +392,20 @@ def test_ab_trees_summarizes_rounds_and_keeps_a_failed_process(tmp_path):
     assert s["b"]["tok_per_s"] == 5.0 and s["b"]["errors"] == ["exit 1: boom"] and s["b"]["rel_err_vs_fp32_ref"] is None
     out = ab._run_worker(str(tmp_path), "no-such-preset", "targeted", False, timeout_s=300)
     assert set(out) == {"error"} and out["error"].startswith("exit 1") and "no-such-preset" in out["error"]
+
+
+def test_ab_trees_overrides_name_a_tree_and_hold_a_json_object():
+    """--override NAME=JSON: accepted for a named tree with a JSON object; an unknown tree, JSON that does not
+    parse or is not an object is a usage error (exit 2), not a traceback mid-run."""
+    import argparse
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("ab_trees", repo / "bench" / "ab_trees.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    trees = {"main": "/a", "wide": "/a"}
+    ap = argparse.ArgumentParser()
+    assert ab._parse_overrides(['wide={"attn_block": 32}'], trees, ap) == {"wide": '{"attn_block": 32}'}
+    for bad in ['other={"attn_block": 32}', "wide={attn_block: 32}", "wide=[32]", "wide"]:
+        with pytest.raises(SystemExit) as e:
+            ab._parse_overrides([bad], trees, ap)
+        assert e.value.code == 2
