@@ -60,7 +60,7 @@ def worker(preset: str, mode: str, check: bool, override: dict | None = None) ->
         out["first_divergence_vs_bf16_ref"] = first_divergence(toks, tokens)
     mk.generate(PROMPT, NEW)              # warm-up: the launch length's specialization, first touch
     out["tok_per_s"] = [NEW / mk.generate(PROMPT, NEW)[1] for _ in range(LAUNCHES)]
-    out["regs"], out["spills"] = getattr(mk, "kernel_regs", None), getattr(mk, "kernel_spills", None)  # (set at launch)
+    out["regs"], out["spills"] = mk.kernel_regs, mk.kernel_spills
     out["config"] = ecfg.to_dict()
     return out
 

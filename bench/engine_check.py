@@ -130,7 +130,7 @@ def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
         toks, dt = mk.generate(prompt, n)
         rates.append(len(toks) / dt)
     res = {"tok_s": statistics.median(rates), "runs": rates, "compile_s": mk.compile_seconds,
-           "regs": getattr(mk, "kernel_regs", None), "spills": getattr(mk, "kernel_spills", None),
+           "regs": mk.kernel_regs, "spills": mk.kernel_spills,
            "limit_pct": statistics.median(rates) / (R["copy"]["GBps"] * 1e9 / cfg.weight_bytes_per_token()) * 100}
     if trace:
         b = mk.breakdown(prompt, n=32)

@@ -209,6 +209,9 @@ class Monokernel:
         self._pack(weights)
         self._alloc()
         self.compile_seconds: float | None = None
+        # the compiled kernel's registers and spilled bytes a thread: known once it is compiled (first launch)
+        self.kernel_regs: int | None = None
+        self.kernel_spills: int | None = None
         self._last_trace: np.ndarray | None = None
         self._last_ms_per_token: float | None = None
 
