@@ -9,10 +9,10 @@ greedy divergence from the bf16 reference. The limit = the first process's copy 
 weight bytes a token. Compiled kernels come from Triton's cache after each tree's first process.
 
 python3 bench/ab_trees.py OUT.json --tree base=DIR --tree new=DIR [--presets llama-3.2-1b ...]
-    [--mode targeted|grid] [--rounds 3] [--override NAME='{"attn_block": 32}']
+    [--mode targeted|grid] [--rounds 3] [--max-seq 384] [--override NAME='{"attn_block": 32}']
 --override changes EngineConfig fields of one tree's config (the rule's, then these): the same tree may run
-twice under two names, one with the override. A tree DIR holds an importable `kog` package (e.g. what bench/device_env.sh links). Writes OUT.json after
-every process (a timeout keeps what ran). KOG_GIT_COMMIT names the commit of the tree run from this checkout.
+twice under two names, one with the override. A tree DIR holds an importable `kog` package (e.g. what
+bench/device_env.sh links). Writes OUT.json after every process (a timeout keeps what ran). KOG_GIT_COMMIT names the commit of the tree run from this checkout.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ import subprocess
 import sys
 import time
 
-PROMPT, NEW, MAX_SEQ, CHECK, LAUNCHES = list(range(100, 164)), 256, 384, 32, 2
+PROMPT, NEW, MAX_SEQ, CHECK, LAUNCHES = list(range(100, 164)), 256, 384, 32, 2   # MAX_SEQ: --max-seq's default
 
 
-def worker(preset: str, mode: str, check: bool, override: dict | None = None) -> dict:
+def worker(preset: str, mode: str, check: bool, override: dict | None = None, max_seq: int = MAX_SEQ) -> dict:
     """One process's measurement of the tree on PYTHONPATH (run with --worker)."""
     import torch
 
@@ -43,15 +43,15 @@ def worker(preset: str, mode: str, check: bool, override: dict | None = None) ->
     w = random_weights(cfg, "cuda", seed=0, dtype=torch.bfloat16)
     out: dict = {}
     if check:
-        ref = Reference(cfg, w, MAX_SEQ)
+        ref = Reference(cfg, w, max_seq)
         tokens = ref.greedy(PROMPT, CHECK)
         del ref
         fp32 = reference_fp32_logits(cfg, w, PROMPT, tokens)
         torch.cuda.empty_cache()
         out["copy_GBps"] = copy_bandwidth_GBps(dev)
         out["weight_bytes_per_token"] = cfg.weight_bytes_per_token()
-    ecfg = tuned_config(cfg, dev, MAX_SEQ).replace(mode=mode, **(override or {}))
-    mk = Monokernel(cfg, w, ecfg, dev, max_seq=MAX_SEQ)
+    ecfg = tuned_config(cfg, dev, max_seq).replace(mode=mode, **(override or {}))
+    mk = Monokernel(cfg, w, ecfg, dev, max_seq=max_seq)
     mk.n_eos = 0
     if check:
         logits = mk.teacher_forced_logits(PROMPT, tokens)
@@ -65,10 +65,12 @@ def worker(preset: str, mode: str, check: bool, override: dict | None = None) ->
     return out
 
 
-def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float, override: str = "") -> dict:
+def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float, override: str = "",
+                max_seq: int = MAX_SEQ) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", preset, "--mode", mode] + (["--check"] if check
                                                                                            else [])
+    cmd += ["--max-seq", str(max_seq)]
     if override:
         cmd += ["--config-json", override]
     try:
@@ -126,16 +128,19 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one process may take")
     ap.add_argument("--override", action="append", default=[],
                     help="NAME=JSON: EngineConfig fields for that tree (repeat)")
+    ap.add_argument("--max-seq", type=int, default=MAX_SEQ, help="cache positions (the attention splits)")
     ap.add_argument("--config-json", default="")
     ap.add_argument("--worker")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     if a.worker:
         override = json.loads(a.config_json) if a.config_json else None
-        print(json.dumps(worker(a.worker, a.mode, a.check, override), default=str), flush=True)
+        print(json.dumps(worker(a.worker, a.mode, a.check, override, a.max_seq), default=str), flush=True)
         return
     if not a.out or len(a.tree) < 2 or any("=" not in t for t in a.tree):
         ap.error("give OUT.json and at least two --tree NAME=DIR")
+    if a.max_seq < len(PROMPT) + NEW:
+        ap.error(f"--max-seq {a.max_seq} holds fewer than the {len(PROMPT) + NEW} positions a run writes")
     trees = dict(t.split("=", 1) for t in a.tree)
     base = next(iter(trees))
     overrides = _parse_overrides(a.override, trees, ap)
@@ -143,7 +148,7 @@ def main() -> None:
     doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": trees,
            "overrides": {n: json.loads(v) for n, v in overrides.items()},
            "mode": a.mode, "rounds": a.rounds,
-           "launches_per_process": LAUNCHES, "prompt_tokens": len(PROMPT), "new_tokens": NEW, "max_seq": MAX_SEQ,
+           "launches_per_process": LAUNCHES, "prompt_tokens": len(PROMPT), "new_tokens": NEW, "max_seq": a.max_seq,
            "date": time.strftime("%Y-%m-%d"), "presets": {}}
     try:
         import torch
@@ -155,7 +160,8 @@ def main() -> None:
         entry = doc["presets"][preset] = {}
         for r in range(a.rounds):
             for name, tree in trees.items():
-                runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout, overrides.get(name, "")))
+                runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout, overrides.get(name, ""),
+                                              a.max_seq))
                 entry.update(runs=runs, summary=summarize(runs))
                 first = runs[base][0]
                 if "copy_GBps" in first:
