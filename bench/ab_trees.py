@@ -12,7 +12,8 @@ python3 bench/ab_trees.py OUT.json --tree base=DIR --tree new=DIR [--presets lla
     [--mode targeted|grid] [--rounds 3] [--max-seq 384] [--override NAME='{"attn_block": 32}']
 --override changes EngineConfig fields of one tree's config (the rule's, then these): the same tree may run
 twice under two names, one with the override. A tree DIR holds an importable `kog` package (e.g. what
-bench/device_env.sh links). Writes OUT.json after every process (a timeout keeps what ran). KOG_GIT_COMMIT names the commit of the tree run from this checkout.
+bench/device_env.sh links). Writes OUT.json after every process (a timeout keeps what ran). KOG_GIT_COMMIT
+names the commit of the tree run from this checkout.
 """
 from __future__ import annotations
 
@@ -65,14 +66,14 @@ def worker(preset: str, mode: str, check: bool, override: dict | None = None, ma
     return out
 
 
-def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float, override: str = "",
+def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float, override: dict | None = None,
                 max_seq: int = MAX_SEQ) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", preset, "--mode", mode] + (["--check"] if check
                                                                                            else [])
     cmd += ["--max-seq", str(max_seq)]
     if override:
-        cmd += ["--config-json", override]
+        cmd += ["--config-json", json.dumps(override)]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -103,18 +104,18 @@ def _save(path: str, doc: dict) -> None:
     atomic_write_text(path, json.dumps(doc, indent=1, default=str))
 
 
-def _parse_overrides(items: list[str], trees: dict, ap: argparse.ArgumentParser) -> dict[str, str]:
-    """NAME=JSON items as {name: JSON text}; an unknown tree name or JSON that is not an object is a usage error."""
+def _parse_overrides(items: list[str], trees: dict, ap: argparse.ArgumentParser) -> dict[str, dict]:
+    """NAME=JSON items as {name: fields}; an unknown tree name or JSON that is not an object is a usage error."""
     out = {}
     for it in items:
         name, _, text = it.partition("=")
         try:
-            ok = name in trees and isinstance(json.loads(text), dict)
+            fields = json.loads(text)
         except ValueError:
-            ok = False
-        if not ok:
+            fields = None
+        if name not in trees or not isinstance(fields, dict):
             ap.error(f"--override {it!r}: want NAME=JSON object, NAME one of {sorted(trees)}")
-        out[name] = text
+        out[name] = fields
     return out
 
 
@@ -146,7 +147,7 @@ def main() -> None:
     overrides = _parse_overrides(a.override, trees, ap)
     from kog.provenance import package_versions
     doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": trees,
-           "overrides": {n: json.loads(v) for n, v in overrides.items()},
+           "overrides": overrides,
            "mode": a.mode, "rounds": a.rounds,
            "launches_per_process": LAUNCHES, "prompt_tokens": len(PROMPT), "new_tokens": NEW, "max_seq": a.max_seq,
            "date": time.strftime("%Y-%m-%d"), "presets": {}}
@@ -160,7 +161,7 @@ def main() -> None:
         entry = doc["presets"][preset] = {}
         for r in range(a.rounds):
             for name, tree in trees.items():
-                runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout, overrides.get(name, ""),
+                runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout, overrides.get(name),
                                               a.max_seq))
                 entry.update(runs=runs, summary=summarize(runs))
                 first = runs[base][0]

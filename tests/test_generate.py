@@ -356,14 +356,20 @@ def test_kog_systems_run_the_monokernel_with_the_tuned_config(tmp_path, monkeypa
 
 
 
+def _load_bench_script(name: str):
+    """bench/<name>.py as a module (the bench scripts are not part of the package)."""
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(name, repo / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_all_presets_script_benches_and_adds_up(tmp_path):
     """bench/all_presets.py's pieces on the CPU: a preset's bench JSON and run land in OUTDIR, and the summary
     keeps earlier calls' presets and sums every preset's seconds (the bench of all presets is split over
     several device commands)."""
-    repo = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("all_presets", repo / "bench" / "all_presets.py")
-    ap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ap)
+    ap = _load_bench_script("all_presets")
     assert "tiny" not in ap.BENCHED and "llama-3.1-8b" in ap.BENCHED
     entry = ap.bench_preset("tiny", tmp_path, 3, 1, systems="reference-eager", cpu_for_tests=True)
     doc = json.loads((tmp_path / "tiny.json").read_text())
@@ -380,10 +386,7 @@ def test_ab_trees_summarizes_rounds_and_keeps_a_failed_process(tmp_path):
     """bench/ab_trees.py's pieces on the CPU: the summary is the median over every timed launch of every round
     with its range and the first process's check; a process that fails (here: an unknown preset) is recorded as
     an error, not raised, so the other trees and presets still run."""
-    repo = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("ab_trees", repo / "bench" / "ab_trees.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = _load_bench_script("ab_trees")
     runs = {"a": [{"tok_per_s": [10.0, 12.0], "rel_err_vs_fp32_ref": 7e-3, "regs": 220}, {"tok_per_s": [11.0, 30.0]}],
             "b": [{"error": "exit 1: boom"}, {"tok_per_s": [5.0]}]}
     s = ab.summarize(runs)
@@ -398,13 +401,10 @@ def test_ab_trees_overrides_name_a_tree_and_hold_a_json_object():
     """--override NAME=JSON: accepted for a named tree with a JSON object; an unknown tree, JSON that does not
     parse or is not an object is a usage error (exit 2), not a traceback mid-run."""
     import argparse
-    repo = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("ab_trees", repo / "bench" / "ab_trees.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = _load_bench_script("ab_trees")
     trees = {"main": "/a", "wide": "/a"}
     ap = argparse.ArgumentParser()
-    assert ab._parse_overrides(['wide={"attn_block": 32}'], trees, ap) == {"wide": '{"attn_block": 32}'}
+    assert ab._parse_overrides(['wide={"attn_block": 32}'], trees, ap) == {"wide": {"attn_block": 32}}
     for bad in ['other={"attn_block": 32}', "wide={attn_block: 32}", "wide=[32]", "wide"]:
         with pytest.raises(SystemExit) as e:
             ab._parse_overrides([bad], trees, ap)
