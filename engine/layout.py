@@ -34,10 +34,9 @@ BUF_NAMES = ("qkv", "attn", "hmid", "act", "h", "o_partial", "down_partial")
 N_BUF_SINGLE = 5        # the single-GPU plan counts the first five; tensor parallelism adds the two partial sums
 N_BUF = 7
 
-# ---- activation offsets: aoff[layer, column], float32 elements into the activation buffer ------------------------
-# Row L (the LM head's "layer") has only ACT_H: the final hidden vector. ACT_HOUT of layer l is ACT_H of l + 1.
+# ---- activation vectors of a layer (monokernel.activation_offset, kernel/act.py) ------------------------------
+# "Layer" L (the LM head's) has only ACT_H: the final hidden vector. ACT_HOUT of layer l is ACT_H of l + 1.
 ACT_H, ACT_QKV, ACT_ATTN, ACT_HMID, ACT_MLP, ACT_HOUT, ACT_OPART, ACT_DPART = range(8)
-ACT_COLS = 8
 
 # ---- weight offsets: woff[layer, column], elements into the packed weight buffer (the direct, ring-less path) --
 W_QKV, W_O, W_GATE, W_UP, W_DOWN, W_LM = range(6)      # W_LM: on row L
@@ -97,7 +96,7 @@ FLAG_STRIDE = 32        # int32 per flag: one 128-byte line each (no false shari
 # ---- the kernel's argument groups (built by the launcher, read by field name in the kernel) ---------------------------
 # Tensors and per-engine values; the per-launch run values are plain arguments (kernel/entry.py says why).
 ModelArgs = namedtuple("ModelArgs", "w woff small soff embed cos sin cache")
-ActArgs = namedtuple("ActArgs", "act aoff part qkvt logits partial_v partial_i out forced eos search")
+ActArgs = namedtuple("ActArgs", "act part qkvt logits partial_v partial_i out forced eos search")
 PlanArgs = namedtuple("PlanArgs", "rows cta_start rpc target cnt smid_tab ring_lo ring_sz gring grow peers")
 SyncArgs = namedtuple("SyncArgs", "sync err timeout_ns")
 TraceArgs = namedtuple("TraceArgs", "buf tokens cap atr atr_cap")

@@ -114,7 +114,7 @@ def kernel_groups(b, cfg: ModelConfig, e: EngineConfig, plan: Plan, trace: bool)
     kog.engine.regreport's stand-ins with the same attribute names): one function for both, so the
     compile without a GPU sees exactly the launcher's arguments."""
     mw = LY.ModelArgs(b.wbuf, b.woff, b.small, b.soff, b.embed, b.cos, b.sin, b.cache)
-    ac = LY.ActArgs(b.act, b.aoff, b.part, b.qkvt, b.logits, b.partial_v, b.partial_i, b.out, b.forced, b.eos,
+    ac = LY.ActArgs(b.act, b.part, b.qkvt, b.logits, b.partial_v, b.partial_i, b.out, b.forced, b.eos,
                     b.search)
     pa = LY.PlanArgs(b.rows, b.cta_start, b.rpc, b.target, b.cnt, b.smid_tab, b.ring_lo, b.ring_sz, b.gring, b.grow,
                      b.peers)
@@ -126,25 +126,35 @@ def kernel_groups(b, cfg: ModelConfig, e: EngineConfig, plan: Plan, trace: bool)
     return mw, ac, pa, sy, tra, fx
 
 
-def activation_offsets(cfg: ModelConfig, partials: bool = False) -> tuple[np.ndarray, int]:
-    """(aoff [L + 1, ACT_COLS], float32 elements of the activation buffer): per layer its input h, qkv, the
-    attention output, hmid, the SiLU product (and with `partials` O's and down's partial sums); h of layer l + 1
-    is ACT_HOUT of layer l; row L holds the final hidden vector (the LM head's input). Layer 0's h is at 0: the
-    kernel writes the next token's embedding there."""
-    H, L = cfg.hidden_size, cfg.num_layers
-    aoff, o = np.zeros((L + 1, LY.ACT_COLS), dtype=np.int32), 0
+def _layer_vectors(cfg: ModelConfig, partials: bool) -> list[tuple[int, int]]:
+    """(layout.ACT_* column, elements) of the vectors one layer holds, in buffer order (kernel/act.py)."""
+    H = cfg.hidden_size
     cols = [(LY.ACT_H, H), (LY.ACT_QKV, cfg.qkv_size), (LY.ACT_ATTN, cfg.q_size), (LY.ACT_HMID, H),
             (LY.ACT_MLP, cfg.intermediate_size)]
-    if partials:
-        cols += [(LY.ACT_OPART, H), (LY.ACT_DPART, H)]
-    for layer in range(L):
-        for col, n in cols:
-            aoff[layer, col] = o
-            o += n
-    aoff[L, LY.ACT_H] = o
-    o += H
-    aoff[:L, LY.ACT_HOUT] = aoff[1:, LY.ACT_H]
-    return aoff, o
+    return cols + ([(LY.ACT_OPART, H), (LY.ACT_DPART, H)] if partials else [])
+
+
+def activation_offset(cfg: ModelConfig, layer: int, col: int, partials: bool = False) -> int:
+    """Element offset of activation vector `col` (layout.ACT_*) of `layer` in the float32 activation buffer: per
+    layer its input h, qkv, the attention output, hmid, the SiLU product (and with `partials` O's and down's
+    partial sums); ACT_HOUT of layer l is ACT_H of l + 1; "layer" L holds the final hidden vector (the LM head's
+    input). Layer 0's h is at 0: the kernel writes the next token's embedding there. kernel/act.py computes the
+    same offsets from the shape's constexprs."""
+    vecs = _layer_vectors(cfg, partials)
+    stride = sum(n for _, n in vecs)
+    if col == LY.ACT_HOUT:
+        return (layer + 1) * stride
+    o = 0
+    for c, n in vecs:
+        if c == col:
+            return layer * stride + o
+        o += n
+    raise ValueError(f"activation column {col} is not held (partials={partials})")
+
+
+def activation_size(cfg: ModelConfig, partials: bool = False) -> int:
+    """Float32 elements of the activation buffer: every layer's vectors and the final hidden vector."""
+    return activation_offset(cfg, cfg.num_layers, LY.ACT_H, partials) + cfg.hidden_size
 
 
 class Monokernel:
@@ -267,9 +277,7 @@ class Monokernel:
 
     def _alloc(self, partials: bool = False) -> None:
         cfg, p, dev = self.cfg, self.plan, self.device
-        aoff, n_act = activation_offsets(cfg, partials)
-        self.aoff = torch.tensor(aoff, device=dev)
-        self.act = torch.zeros(n_act, dtype=torch.float32, device=dev)
+        self.act = torch.zeros(activation_size(cfg, partials), dtype=torch.float32, device=dev)
         self.gpow = _next_pow2(p.grid)
         # the CTAs' picks; top-k / top-p's scaled logits, Gumbel scores and CTA maxima (kernel/entry.py _filter)
         self.partial_v = torch.zeros(2 * self.gpow + 2 * cfg.vocab_size, dtype=torch.float32, device=dev)

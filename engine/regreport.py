@@ -108,7 +108,7 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
     ring = bool(e.weight_ring)
     b = SimpleNamespace(
         wbuf=MockTensor(dt), woff=i64, small=f32, soff=i64, embed=MockTensor(dt), cos=f32, sin=f32,
-        cache=MockTensor(dt), act=f32, aoff=i32, part=f32, qkvt=i64, logits=f32, partial_v=f32, partial_i=i32,
+        cache=MockTensor(dt), act=f32, part=f32, qkvt=i64, logits=f32, partial_v=f32, partial_i=i32,
         search=i64,
         out=i32, forced=i32, eos=i32, rows=i32, cta_start=i32, rpc=i32, target=i32, cnt=i32, smid_tab=i32,
         ring_lo=i32 if ring else None, ring_sz=i32 if ring else None, gring=MockTensor(dt) if ring else None,

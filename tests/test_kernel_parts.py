@@ -13,6 +13,10 @@ import triton
 import triton.language as tl
 
 from kog.engine import layout as LY
+from kog.engine.kernel.act import act_offset
+from kog.engine.kernel.names import (ACT_ATTN as LY_ACT_ATTN, ACT_DPART as LY_ACT_DPART, ACT_H as LY_ACT_H,
+                                     ACT_HMID as LY_ACT_HMID, ACT_HOUT as LY_ACT_HOUT, ACT_MLP as LY_ACT_MLP,
+                                     ACT_OPART as LY_ACT_OPART, ACT_QKV as LY_ACT_QKV)
 from kog.engine.kernel.attention import CacheView, _attn_combine, _attn_split, _split_inputs
 from kog.engine.kernel.exchange import pick_across_ranks
 from kog.engine.kernel.gemv import GemvInput, XCache, gemv
@@ -251,19 +255,21 @@ def _attn_kernel(qkv, cos, sin, kc, vc, part, out, pos, eps, sm_scale, S, M, C):
     _attn_combine(part, out, g, S, S, tl.float32, M)
 
 
-def test_attention_splits_and_their_merge_match_softmax_attention():
-    """KV head 1 of 2 (2 query heads each, head_dim 16) over 40 cached positions plus the new one, in three
-    splits of 16 positions: RoPE on q and the new k, the new k / v written to the cache, the partials merged."""
+@pytest.mark.parametrize("G", [2, 3])
+def test_attention_splits_and_their_merge_match_softmax_attention(G):
+    """KV head 1 of 2 (G query heads each, head_dim 16; 3 heads pad to 4 in the merge) over 40 cached positions
+    plus the new one, in three splits of 16 positions: RoPE on q and the new k, the new k / v written to the
+    cache, the partials merged."""
     torch.manual_seed(2)
-    HD, G, nkv, pos, BT = 16, 2, 2, 40, 16
+    HD, nkv, pos, BT = 16, 2, 40, 16
     QS, KVS = nkv * G * HD, nkv * HD
     qkv = torch.randn(QS + 2 * KVS)
     kc, vc = torch.randn(64, HD), torch.randn(64, HD)
     ang = torch.rand(HD // 2).repeat(2) * 3
     cos, sin = torch.cos(ang), torch.sin(ang)
     S = 3
-    M = _cx(LY.Shape(H=QS, I=1, V=1, L=1, HD=HD, NKV=nkv, G=G, GP=16, GH=2, SP=4, QS=QS, KVS=KVS, HAS_BIAS=False,
-                     QK_NORM=False))
+    M = _cx(LY.Shape(H=QS, I=1, V=1, L=1, HD=HD, NKV=nkv, G=G, GP=16, GH=triton.next_power_of_2(G), SP=4, QS=QS,
+                     KVS=KVS, HAS_BIAS=False, QK_NORM=False))
     C = _cx(LY.Tiling(WAIT=False, QKV=None, O=None, GU=None, DOWN=None, LM=None, BT=BT, SPLIT=BT, GPOW=1, SAMPLE=0,
                       FILTER_BV=16, TRACE=False, ATRACE=False, VENDOR=0, TPC=1, RING=0, SLOTB=0, RING_SIZES=False,
                       BKC_X=0, TAGQKV=False, TP=False, NR=1, XR=1, VR=0))
@@ -282,6 +288,46 @@ def test_attention_splits_and_their_merge_match_softmax_attention():
     vals = torch.cat([vc[:pos], v_new[None]])
     ref = torch.softmax(q @ keys.T / math.sqrt(HD), -1) @ vals
     torch.testing.assert_close(out[HD * G: 2 * HD * G].view(G, HD), ref, rtol=2e-3, atol=2e-3)
+    assert not out[2 * HD * G:].any()          # the padded heads are not stored: they are the next head's rows
+
+
+# ---- activation offsets ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _act_offsets_kernel(out, L: tl.constexpr, M, C):
+    for layer in tl.static_range(L):
+        tl.store(out + layer * 8 + LY_ACT_H, act_offset(layer, LY_ACT_H, M, C))
+        tl.store(out + layer * 8 + LY_ACT_QKV, act_offset(layer, LY_ACT_QKV, M, C))
+        tl.store(out + layer * 8 + LY_ACT_ATTN, act_offset(layer, LY_ACT_ATTN, M, C))
+        tl.store(out + layer * 8 + LY_ACT_HMID, act_offset(layer, LY_ACT_HMID, M, C))
+        tl.store(out + layer * 8 + LY_ACT_MLP, act_offset(layer, LY_ACT_MLP, M, C))
+        tl.store(out + layer * 8 + LY_ACT_HOUT, act_offset(layer, LY_ACT_HOUT, M, C))
+        if C.TP:
+            tl.store(out + layer * 8 + LY_ACT_OPART, act_offset(layer, LY_ACT_OPART, M, C))
+            tl.store(out + layer * 8 + LY_ACT_DPART, act_offset(layer, LY_ACT_DPART, M, C))
+
+
+@pytest.mark.parametrize("tp", [False, True])
+def test_the_kernels_activation_offsets_are_the_hosts(tp):
+    """kernel/act.py computes each vector's offset from the shape; the host sizes the buffer from
+    monokernel.activation_offset: the two must agree, column by column (Qwen-like GQA shape, odd sizes)."""
+    from kog.engine.config import ModelConfig
+    from kog.engine.monokernel import activation_offset, activation_size
+    cfg = ModelConfig(arch="qwen2", name="t", hidden_size=96, intermediate_size=200, num_layers=3, num_heads=6,
+                      num_kv_heads=2, head_dim=16, vocab_size=64)
+    M = _cx(LY.Shape(H=96, I=200, V=64, L=3, HD=16, NKV=2, G=3, GP=16, GH=4, SP=1, QS=cfg.q_size, KVS=cfg.kv_size,
+                     HAS_BIAS=False, QK_NORM=False))
+    C = _cx(LY.Tiling(WAIT=False, QKV=None, O=None, GU=None, DOWN=None, LM=None, BT=16, SPLIT=16, GPOW=1, SAMPLE=0,
+                      FILTER_BV=16, TRACE=False, ATRACE=False, VENDOR=0, TPC=1, RING=0, SLOTB=0, RING_SIZES=False,
+                      BKC_X=0, TAGQKV=False, TP=tp, NR=1, XR=1, VR=0))
+    out = torch.full((3 * 8,), -1, dtype=torch.int32)
+    _act_offsets_kernel[(1,)](out, 3, M, C)
+    cols = range(8) if tp else [LY.ACT_H, LY.ACT_QKV, LY.ACT_ATTN, LY.ACT_HMID, LY.ACT_MLP, LY.ACT_HOUT]
+    want = {(layer, c): activation_offset(cfg, layer, c, tp) for layer in range(3) for c in cols}
+    got = {(layer, c): int(out[layer * 8 + c]) for layer in range(3) for c in cols}
+    assert got == want
+    assert activation_size(cfg, tp) == activation_offset(cfg, 3, LY.ACT_H, tp) + 96
+    assert activation_offset(cfg, 2, LY.ACT_HOUT, tp) == activation_offset(cfg, 3, LY.ACT_H, tp)
 
 
 # ---- exchange and trace ------------------------------------------------------------------------------------------

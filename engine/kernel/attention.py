@@ -14,7 +14,8 @@ from collections import namedtuple
 import triton
 import triton.language as tl
 
-from kog.engine.kernel.names import ACT_ATTN, ACT_COLS, ACT_QKV, BUF_QKV, P_KNORM, P_QNORM, S_ARR, SOFF_COLS
+from kog.engine.kernel.act import act_offset
+from kog.engine.kernel.names import ACT_ATTN, ACT_QKV, BUF_QKV, P_KNORM, P_QNORM, S_ARR, SOFF_COLS
 from kog.engine.kernel.numerics import rnd
 from kog.engine.kernel.sync import Pending, tag_wait, tagged_value, wait_rows
 from kog.engine.kernel.trace import attn_stamp
@@ -58,12 +59,17 @@ def attention_task(task, tok, t_start, wc, pend, atr_n, cta, mw, ac, pa, sy, tra
         dh = tl.arange(0, M.HD)
         cs = tl.load(mw.cos + tok.pos * M.HD + dh)
         sn = tl.load(mw.sin + tok.pos * M.HD + dh)
+        # the q / k norm weights' offsets before the wait: after it each is an L2 round trip (the acquire
+        # invalidated L1) ahead of the weights' own
+        so = mw.soff + task.layer * SOFF_COLS
+        qn = mw.small + tl.load(so + P_QNORM)
+        kn = mw.small + tl.load(so + P_KNORM)
         if C.TAGQKV:   # qkv as token-tagged words: the wait polls them
             qkv_in = ac.qkvt + task.layer * (M.QS + 2 * M.KVS)
             if C.WAIT:
                 tag_wait(qkv_in, g, tok.t1, sy, task.index, M.HD, M.G, M.GP, M.QS, M.KVS, has_new, C.VENDOR)
         else:
-            qkv_in = ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_QKV)
+            qkv_in = ac.act + act_offset(task.layer, ACT_QKV, M, C)
             if C.WAIT:
                 wc = _wait_qkv_rows(wc, pa, task, g, has_new, tok.t1, sy, M, C.VENDOR)
         if C.ATRACE:
@@ -74,9 +80,8 @@ def attention_task(task, tok, t_start, wc, pend, atr_n, cta, mw, ac, pa, sy, tra
         if C.WAIT:
             if C.TRACE:
                 waited = global_time_ns(C.VENDOR) - t_start
-        so = mw.soff + task.layer * SOFF_COLS
-        _attn_split(x, cs, sn, CacheView(kbase, kbase + kc_layer, kb0, vb0), mw.small + tl.load(so + P_QNORM),
-                    mw.small + tl.load(so + P_KNORM), ac.part, g, split, tok.pos, p0, fx.eps, fx.sm_scale, S, M, C)
+        _attn_split(x, cs, sn, CacheView(kbase, kbase + kc_layer, kb0, vb0), qn, kn, ac.part, g, split, tok.pos, p0,
+                    fx.eps, fx.sm_scale, S, M, C)
         if C.ATRACE:
             a_split = global_time_ns(C.VENDOR)
     # one arrival word per (layer, KV head), counting only the splits that hold cached positions (a cache
@@ -93,8 +98,7 @@ def attention_task(task, tok, t_start, wc, pend, atr_n, cta, mw, ac, pa, sy, tra
         if C.ATRACE:
             a_arr = global_time_after(old, C.VENDOR)
         if merged:
-            _attn_combine(ac.part, ac.act + tl.load(ac.aoff + task.layer * ACT_COLS + ACT_ATTN), g, n_act, S, DT,
-                          M)
+            _attn_combine(ac.part, ac.act + act_offset(task.layer, ACT_ATTN, M, C), g, n_act, S, DT, M)
             pend = Pending(pend.counter, pend.n + 1)
     if C.ATRACE:
         if (tok.step < tra.tokens) & (atr_n < tra.atr_cap):

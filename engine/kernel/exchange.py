@@ -12,7 +12,8 @@ and the single-GPU launch passes None there (a constexpr), so its code is the si
 import triton
 import triton.language as tl
 
-from kog.engine.kernel.names import (ACT_COLS, ACT_DPART, ACT_H, ACT_HMID, ACT_HOUT, ACT_OPART, BUF_DPART, BUF_HMID,
+from kog.engine.kernel.act import act_offset
+from kog.engine.kernel.names import (ACT_DPART, ACT_H, ACT_HMID, ACT_HOUT, ACT_OPART, BUF_DPART, BUF_HMID,
                                      BUF_HOUT, BUF_OPART, E_FLAG, FLAG_STRIDE, T_XPUSH, TP_FLAGS, TP_PEERS, TP_RANK,
                                      TP_RECV, TP_SAMPLE_FLAG, TP_SCORES, TP_TOKENS)
 from kog.engine.kernel.numerics import rnd
@@ -36,14 +37,14 @@ def exchange_task(task, point, t1, t_start, wc, pend, ac, pa, sy, DT: tl.constex
     f = (task.layer * 2 + point) * (M.H // XR) + task.tile          # the chunk's flag
     rows = task.tile * XR + tl.arange(0, XR)
     slot = (task.layer * 2 + point) * NR
-    aoff = ac.aoff + task.layer * ACT_COLS
     if task.kind == T_XPUSH:
         part_buf = tl.where(point == 0, BUF_OPART, BUF_DPART)
         wc = wait_rows(wc, pa, task.wait, tl.load(pa.rpc + part_buf), task.tile * XR, (task.tile + 1) * XR, t1, sy,
                        task.index, C.VENDOR)
         if C.TRACE:
             waited = global_time_ns(C.VENDOR) - t_start
-        x = tl.load(ac.act + tl.load(aoff + tl.where(point == 0, ACT_OPART, ACT_DPART)) + rows, cache_modifier=".cg")
+        part = tl.where(point == 0, act_offset(task.layer, ACT_OPART, M, C), act_offset(task.layer, ACT_DPART, M, C))
+        x = tl.load(ac.act + part + rows, cache_modifier=".cg")
         for p in tl.static_range(NR):
             tl.store(_peer(pa.peers, TP_RECV, p, NR, tl.float32) + tl.cast(slot + rank, tl.int64) * M.H + rows, x)
         tl.debug_barrier()    # every thread's stores happen-before the releases below
@@ -63,9 +64,10 @@ def exchange_task(task, point, t1, t_start, wc, pend, ac, pa, sy, DT: tl.constex
         acc = tl.load(recv + rows, cache_modifier=".cg")
         for p in tl.static_range(1, NR):
             acc += tl.load(recv + p * M.H + rows, cache_modifier=".cg")
-        h = tl.load(ac.act + tl.load(aoff + tl.where(point == 0, ACT_H, ACT_HMID)) + rows, cache_modifier=".cg")
-        tl.store(ac.act + tl.load(aoff + tl.where(point == 0, ACT_HMID, ACT_HOUT)) + rows,
-                 rnd(h + acc, DT))
+        res = tl.where(point == 0, act_offset(task.layer, ACT_H, M, C), act_offset(task.layer, ACT_HMID, M, C))
+        out = tl.where(point == 0, act_offset(task.layer, ACT_HMID, M, C), act_offset(task.layer, ACT_HOUT, M, C))
+        h = tl.load(ac.act + res + rows, cache_modifier=".cg")
+        tl.store(ac.act + out + rows, rnd(h + acc, DT))
         pend = Pending(pend.counter, pend.n + 1)
     return wc, pend, waited
 
