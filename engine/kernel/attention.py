@@ -255,20 +255,25 @@ def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
     else:
         HD: tl.constexpr = M.HD
         GP: tl.constexpr = M.GP
+        GD: tl.constexpr = M.GH * HD
         sp = tl.arange(0, M.SP)
         gq = tl.arange(0, M.GH)
-        d = tl.arange(0, HD)
+        c = tl.arange(0, GD)                                               # head c // HD, element c % HD
         sm = sp < n_act
         base = part + (g * S + sp) * GP * (HD + 2)                         # [SP]
         m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"),
                     cache_modifier=".cg")
         l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
-        a = tl.load(base[:, None, None] + gq[None, :, None] * HD + d[None, None, :], mask=sm[:, None, None],
-                    other=0.0, cache_modifier=".cg")                       # [SP, GH, HD]
+        # the heads' outputs as one [SP, G * HD] tile: each thread holds whole columns of it, so the sum over
+        # the splits stays in its registers (a [SP, GH, HD] tile spreads the splits over the warps: a CTA barrier
+        # and a shared-memory round per reduction)
+        a = tl.load(base[:, None] + c[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")   # [SP, GD]
         M_ = tl.max(m, axis=0)                                             # [GH]
         w = tl.where(sm[:, None], tl.exp(m - M_[None, :]), 0.0)            # [SP, GH]
-        o = tl.sum(a * w[:, :, None], axis=0) / tl.sum(l * w, axis=0)[:, None]
-        tl.store(attn_out + (g * M.G + gq)[:, None] * HD + d[None, :], rnd(o, DT), mask=(gq < M.G)[:, None])
+        wn = w / tl.sum(l * w, axis=0)[None, :]
+        wc = tl.reshape(tl.broadcast_to(wn[:, :, None], [M.SP, M.GH, HD]), [M.SP, GD])
+        o = tl.sum(a * wc, axis=0)
+        tl.store(attn_out + g * M.G * HD + c, rnd(o, DT), mask=c < M.G * HD)
 
 
 @triton.jit
