@@ -50,16 +50,19 @@ def spin_until(ptr, target, sy, what, task, VENDOR: tl.constexpr, SYS: tl.conste
 
     Every poll is an acquire load (vendor.poll_acquire; SYS for words peer GPUs bump): the one that sees the
     target synchronizes with the producers' release increments, so the data they published (and no stale L1
-    copy of it) is what this CTA reads next."""
-    if target > 0:
+    copy of it) is what this CTA reads next.
+
+    The first poll goes out before the target is looked at (a target of 0 is met by any count): the target is
+    often a table read (wait_rows), an L2 round trip after an earlier acquire invalidated L1, and a branch on
+    it held the poll back until it returned."""
+    v = poll_acquire(ptr, VENDOR, SYS)
+    n = 0
+    ab = 0
+    t_end = tl.full([], 0, tl.int64)
+    while (v < target) & (ab == 0):
         v = poll_acquire(ptr, VENDOR, SYS)
-        n = 0
-        ab = 0
-        t_end = tl.full([], 0, tl.int64)
-        while (v < target) & (ab == 0):
-            v = poll_acquire(ptr, VENDOR, SYS)
-            n, ab, t_end = _count_poll(n, ab, t_end, sy, VENDOR)
-        _give_up(v < target, sy, what, task, target, v)
+        n, ab, t_end = _count_poll(n, ab, t_end, sy, VENDOR)
+    _give_up(v < target, sy, what, task, target, v)
 
 
 @triton.jit
