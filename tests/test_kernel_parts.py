@@ -255,11 +255,14 @@ def _attn_kernel(qkv, cos, sin, kc, vc, part, out, pos, eps, sm_scale, S, M, C):
     _attn_combine(part, out, g, S, S, tl.float32, M)
 
 
-@pytest.mark.parametrize("G", [2, 3])
-def test_attention_splits_and_their_merge_match_softmax_attention(G):
+@pytest.mark.parametrize("G, merge_values", [(2, None), (3, None), (3, 32)])
+def test_attention_splits_and_their_merge_match_softmax_attention(G, merge_values, monkeypatch):
     """KV head 1 of 2 (G query heads each, head_dim 16; 3 heads pad to 4 in the merge) over 40 cached positions
     plus the new one, in three splits of 16 positions: RoPE on q and the new k, the new k / v written to the
-    cache, the partials merged."""
+    cache, the partials merged (merge_values 32: one head a step, as a long cache's many splits are)."""
+    if merge_values is not None:
+        import kog.engine.kernel.attention as attention
+        monkeypatch.setattr(attention, "MERGE_VALUES", tl.constexpr(merge_values))
     torch.manual_seed(2)
     HD, nkv, pos, BT = 16, 2, 40, 16
     QS, KVS = nkv * G * HD, nkv * HD

@@ -243,37 +243,46 @@ def _attn_split(x, cos, sin, kv, qn_ptr, kn_ptr, part, g, split, pos, p0, eps, s
 # the most splits merged at once: their [splits, G, HD] partials are held in registers, so a cache of many
 # splits (64 at 4,096 positions in 64-position splits) is merged in groups of this many with a running max
 COMBINE_SPLITS = tl.constexpr(16)
+# the most partial values one step of the merge holds (64 a thread at 4 warps): more splits, fewer columns
+MERGE_VALUES = tl.constexpr(8192)
 
 
 @triton.jit
 def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
     """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output: up to
-    COMBINE_SPLITS splits as one tile (one load, one max: no loop or running rescale in the common case),
-    more in groups (_attn_combine_groups)."""
+    COMBINE_SPLITS splits at once (no running rescale in the common case), more in groups
+    (_attn_combine_groups).
+
+    The heads' outputs are merged as [splits, columns] tiles, CB columns (CB / HD whole heads) a step: each
+    thread holds whole columns, so the sums over the splits stay in its registers (a [splits, heads, HD] tile
+    spread the splits over the warps: a CTA barrier and a shared-memory round per reduction), and a step
+    holds at most MERGE_VALUES values, so a long cache's many splits do not spill."""
     if M.SP > COMBINE_SPLITS:
         _attn_combine_groups(part, attn_out, g, n_act, S, DT, M)
     else:
         HD: tl.constexpr = M.HD
         GP: tl.constexpr = M.GP
         GD: tl.constexpr = M.GH * HD
+        CW: tl.constexpr = GD if GD * M.SP <= MERGE_VALUES else MERGE_VALUES // M.SP
+        CB: tl.constexpr = CW if CW >= HD else HD
+        HB: tl.constexpr = CB // HD
         sp = tl.arange(0, M.SP)
-        gq = tl.arange(0, M.GH)
-        c = tl.arange(0, GD)                                               # head c // HD, element c % HD
         sm = sp < n_act
         base = part + (g * S + sp) * GP * (HD + 2)                         # [SP]
-        m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"),
-                    cache_modifier=".cg")
-        l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
-        # the heads' outputs as one [SP, G * HD] tile: each thread holds whole columns of it, so the sum over
-        # the splits stays in its registers (a [SP, GH, HD] tile spreads the splits over the warps: a CTA barrier
-        # and a shared-memory round per reduction)
-        a = tl.load(base[:, None] + c[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")   # [SP, GD]
-        M_ = tl.max(m, axis=0)                                             # [GH]
-        w = tl.where(sm[:, None], tl.exp(m - M_[None, :]), 0.0)            # [SP, GH]
-        wn = w / tl.sum(l * w, axis=0)[None, :]
-        wc = tl.reshape(tl.broadcast_to(wn[:, :, None], [M.SP, M.GH, HD]), [M.SP, GD])
-        o = tl.sum(a * wc, axis=0)
-        tl.store(attn_out + g * M.G * HD + c, rnd(o, DT), mask=c < M.G * HD)
+        cc = tl.arange(0, CB)
+        for c0 in tl.static_range(0, GD, CB):
+            if c0 < M.G * HD:                                              # (padded heads: nothing to store)
+                gq = c0 // HD + tl.arange(0, HB)
+                m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"),
+                            cache_modifier=".cg")
+                l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0,
+                            cache_modifier=".cg")
+                a = tl.load(base[:, None] + c0 + cc[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
+                w = tl.where(sm[:, None], tl.exp(m - tl.max(m, axis=0)[None, :]), 0.0)      # [SP, HB]
+                wn = w / tl.sum(l * w, axis=0)[None, :]
+                wc = tl.reshape(tl.broadcast_to(wn[:, :, None], [M.SP, HB, HD]), [M.SP, CB])
+                o = tl.sum(a * wc, axis=0)
+                tl.store(attn_out + g * M.G * HD + c0 + cc, rnd(o, DT), mask=c0 + cc < M.G * HD)
 
 
 @triton.jit
