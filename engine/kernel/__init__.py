@@ -5,6 +5,7 @@
     gemv.py       a task's GEMV, weights from the shared-memory ring or straight from global memory
     ring.py       the weight ring and the task rows in shared memory (bulk copies, mbarriers)
     attention.py  attention splits and their merge
+    act.py        where each activation vector of a layer lives (offsets from the shape)
     sampling.py   in-kernel sampling (greedy, Gumbel-max, top-k / top-p)
     sync.py       bounded waits, readiness counters, tags, grid barriers
     exchange.py   tensor parallelism's cross-GPU exchange
