@@ -14,7 +14,9 @@ Triton's own compiler for GPUTarget("cuda", 90, 32), and reads the resources off
   registers/thread, spill stores/loads and stack frame (ptxas -v), Triton's shared memory, the CTAs per SM
   that allows for the config's num_warps (H100/H200 limits), compile seconds; with --sass the counts of
   128-bit vs narrower global loads and of local-memory (LDL/STL) instructions in the SASS, and the shared
-  loads of each GEMV chunk block (two variants whose chunk blocks differ stream differently).
+  loads of each GEMV chunk block (two variants whose chunk blocks differ stream differently); with --exposed
+  the global loads whose result is read within a few instructions, by source line (a table read after an
+  acquire is an L2 round trip: where such a load feeds an address or a branch, the warp waits for it).
 
 `triton_n_spills` is what Triton's CompiledKernel.n_spills (and the bench JSON's "spills") reports on a
 GPU: the driver's local memory bytes per thread / 4, i.e. the stack frame / 4.
@@ -316,6 +318,68 @@ def shared_load_blocks(sass: str) -> list[int]:
     return [b for b in out if b >= STREAM_BLOCK_LDS]
 
 
+def sass_with_lines(cubin: bytes) -> str:
+    """Disassembly with source lines (`nvdisasm -c -gi`: a `//## File "...", line N` comment before the
+    instructions of each line; ptxas keeps them because Triton compiles with -lineinfo)."""
+    exe = _triton_bin("nvdisasm")
+    if exe is None:
+        raise UsageError("no nvdisasm (looked in triton/backends/nvidia/bin and PATH)")
+    with tempfile.TemporaryDirectory(prefix="kog-sass-") as d:
+        f = Path(d) / "k.cubin"
+        f.write_bytes(cubin)
+        r = subprocess.run([str(exe), "-c", "-gi", str(f)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise KogError(f"nvdisasm failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+        return r.stdout
+
+
+_LINE_RE = re.compile(r'//## File "([^"]+)", line (\d+)')
+_SASS_INS_RE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:(@!?U?P\w+)\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_REG_RE = re.compile(r"\bR(\d+)\b")
+# opcodes all of whose operands are read (no destination register first)
+_NO_DEST = ("ST", "RED", "BRA", "SYNCS", "UBLKCP", "BAR", "EXIT", "CCTL", "MEMBAR", "ERRBAR", "CALL", "RET", "ISETP",
+            "FSETP", "DSETP", "PLOP3", "VOTE")
+EXPOSED_WINDOW = 12
+
+
+def exposed_loads(sass: str, window: int = EXPOSED_WINDOW) -> list[dict[str, Any]]:
+    """Global loads whose result an instruction reads within `window` instructions of the load, by source line
+    of the load and of that first use, most frequent first: the warp waits the load's whole round trip there
+    (an L2 one at least; after an acquire, which invalidates L1, even a small table's). Such a load feeding an
+    address or a branch on a hop's path puts its round trip on the critical path (sass: sass_with_lines)."""
+    ins, src = [], "?"
+    for line in sass.splitlines():
+        m = _LINE_RE.search(line)
+        if m:
+            src = f"{Path(m.group(1)).name}:{m.group(2)}"
+            continue
+        m = _SASS_INS_RE.match(line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(3), m.group(4), src))
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, (addr, op, operands, where) in enumerate(ins):
+        if not op.startswith("LDG"):
+            continue
+        dest = _REG_RE.search(operands)
+        if dest is None:
+            continue
+        width = 4 if ".128" in op else 2 if ".64" in op else 1
+        regs = {int(dest.group(1)) + k for k in range(width)}
+        for _, op2, operands2, where2 in ins[i + 1:i + 1 + window]:
+            parts = operands2.split(",", 1)
+            reads = operands2 if op2.startswith(_NO_DEST) or len(parts) == 1 else parts[1]
+            if regs & {int(r) for r in _REG_RE.findall(reads)}:
+                key = (where, where2)
+                e = found.setdefault(key, {"load": where, "use": where2, "count": 0, "first_at": hex(addr),
+                                           "load_op": op, "use_op": op2})
+                e["count"] += 1
+                break
+            written = _REG_RE.match(parts[0].strip()) if not op2.startswith(_NO_DEST) else None
+            if written and int(written.group(1)) in regs:
+                break              # overwritten before any read: the load's result is dead here
+    return sorted(found.values(), key=lambda e: (-e["count"], e["load"]))
+
+
 def sass_counts(sass: str) -> dict[str, Any]:
     """Instruction counts that matter for a weight stream: global loads by width, local memory traffic."""
     ops: dict[str, int] = {}
@@ -376,7 +440,7 @@ def _plain(group) -> dict[str, Any]:
 
 
 def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = None, sms: int = H200_SMS,
-              sass: bool = False, keep_dir: str | None = None, kernel: str | None = None,
+              sass: bool = False, keep_dir: str | None = None, kernel: str | None = None, exposed: bool = False,
               **spec_kw: Any) -> dict[str, Any]:
     """Compile the monokernel for (cfg, ecfg) on sm_90 and report its resources (a JSON-able dict)."""
     ecfg.validate(cfg)
@@ -425,6 +489,8 @@ def regreport(cfg: ModelConfig, ecfg: EngineConfig, *, maxnreg: int | None = Non
         atomic_write_bytes(d / "monokernel.cubin", k.asm["cubin"])
         atomic_write_text(d / "ptxas.log", log)
         atomic_write_text(d / "report.json", json.dumps(rep, indent=1))
+    if exposed:
+        rep["exposed_loads"] = exposed_loads(sass_with_lines(k.asm["cubin"]))
     if sass:
         text = sass_text(k.asm["cubin"])
         rep["sass"] = sass_counts(text)
@@ -453,6 +519,10 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"  SASS               {s['instructions']} instructions; LDG.128 {s['ldg_128']}, narrower LDG "
                      f"{s['ldg_narrower']} (weak {s['ldg_narrower_weak']}) {s['ldg_by_variant']}; LDL {s['ldl']}, STL {s['stl']}")
         lines.append(f"  chunk blocks       shared loads {s['shared_load_blocks']}")
+    if "exposed_loads" in r:
+        lines.append(f"  loads used within {EXPOSED_WINDOW} instructions (count, load line -> first use):")
+        lines += [f"    {e['count']:3d}  {e['load']} -> {e['use']}  ({e['load_op']} -> {e['use_op']})"
+                  for e in r["exposed_loads"][:20]]
     return "\n".join(lines)
 
 
@@ -480,6 +550,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--attn-stamps", action="store_true",
                     help="with --trace: the attention splits' sub-step stamps too (Monokernel(attn_stamps=True))")
     ap.add_argument("--sass", action="store_true", help="disassemble and count LDG widths and LDL/STL")
+    ap.add_argument("--exposed", action="store_true",
+                    help="list the global loads whose result is used right away, by source line (nvdisasm -gi)")
     ap.add_argument("--keep", metavar="DIR", default=None, help="write ttgir/llir/ptx/cubin/ptxas.log (and SASS) here")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap
@@ -507,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run([sys.executable, "-m", "kog.engine.regreport", *argv], env=env).returncode
     r = regreport(cfg, ecfg, maxnreg=a.maxnreg, sms=a.sms, sass=a.sass, keep_dir=a.keep, kernel=a.kernel,
                   max_seq=a.max_seq, prompt_len=a.prompt_len, tokens=a.tokens, temperature=a.temperature, top_k=a.top_k,
-                  top_p=a.top_p, trace=a.trace, attn_stamps=a.attn_stamps)
+                  top_p=a.top_p, trace=a.trace, attn_stamps=a.attn_stamps, exposed=a.exposed)
     print(json.dumps(r, indent=1) if a.json else format_report(r))
     return 0
 

@@ -144,6 +144,25 @@ def test_shared_load_blocks_split_at_branches():
     assert rr.shared_load_blocks(sass) == [20, 20]
 
 
+def test_exposed_loads_are_the_loads_read_right_away_by_source_line():
+    """A load read within the window counts (also through the high register of a 64-bit load and as a store's
+    address); one read later, or overwritten before any read, does not."""
+    def ins(addr, text):
+        return f"        /*{addr:04x}*/                   {text} ;\n"
+    f = '\t//## File "/src/kog/engine/kernel/{}", line {}\n'
+    filler = "".join(ins(0x300 + 16 * i, "IADD3 R90, R91, R92, RZ") for i in range(20))
+    sass = (f.format("sync.py", 104) + ins(0x000, "LDG.E R14, desc[UR36][R14.64]")
+            + f.format("sync.py", 105) + ins(0x010, "IMAD R52, R14, UR27, RZ")
+            + f.format("tasks.py", 56) + ins(0x020, "LDG.E.64 R50, desc[UR36][R48.64]")
+            + f.format("tasks.py", 57) + ins(0x030, "STG.E desc[UR36][R50.64], R9")
+            + ins(0x040, "LDG.E R20, desc[UR36][R2.64]") + filler + ins(0x200, "FADD R21, R20, R20")
+            + ins(0x210, "LDG.E R30, desc[UR36][R2.64]") + ins(0x220, "MOV R30, RZ") + ins(0x230, "FADD R31, R30, R30")
+            + ins(0x240, "LDG.E.64 R40, desc[UR36][R2.64]") + ins(0x250, "FADD R44, R41, R41"))
+    got = {(e["load"], e["use"]): e["count"] for e in rr.exposed_loads(sass)}
+    assert got == {("sync.py:104", "sync.py:105"): 1, ("tasks.py:56", "tasks.py:57"): 1,   # a store's address
+                   ("tasks.py:57", "tasks.py:57"): 1}                                       # R41 of LDG.E.64 R40
+
+
 def test_set_parsing_and_usage_errors():
     assert rr.parse_sets(["ctas_per_sm=4", "mode=grid", "wait-timeout-s=1.5"]) == \
         {"ctas_per_sm": 4, "mode": "grid", "wait_timeout_s": 1.5}
@@ -158,7 +177,7 @@ def test_set_parsing_and_usage_errors():
 def test_compiles_tiny_for_sm90_without_a_gpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-m", "kog.engine.regreport", "--model", "tiny", "--json", "--sass",
-                        "--keep", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+                        "--exposed", "--keep", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)
     assert 0 < rep["registers"] <= 255
@@ -167,6 +186,8 @@ def test_compiles_tiny_for_sm90_without_a_gpu(tmp_path):
     assert rep["triton_n_spills"] == rep["stack_frame_bytes"] // 4
     assert 1 <= rep["ctas_per_sm_fit"] <= 16 and rep["shared_bytes"] >= 0
     assert rep["compile_seconds"] > 0
+    # a counter poll's result is compared right away: the wait's own round trip, by its source line
+    assert any(e["load"].startswith("vendor.py:") and e["use"].startswith("sync.py:") for e in rep["exposed_loads"])
     assert rep["constexprs"]["H"] == 64 and rep["constexprs"]["VENDOR"] == 1
     assert rep["sass"]["ldg_128"] > 0 and rep["sass"]["instructions"] > 1000
     assert ".target sm_90a" in (tmp_path / "monokernel.ptx").read_text()
