@@ -254,9 +254,9 @@ def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
     (_attn_combine_groups).
 
     The heads' outputs are merged as [splits, columns] tiles, CB columns (CB / HD whole heads) a step: each
-    thread holds whole columns, so the sums over the splits stay in its registers (a [splits, heads, HD] tile
-    spread the splits over the warps: a CTA barrier and a shared-memory round per reduction), and a step
-    holds at most MERGE_VALUES values, so a long cache's many splits do not spill."""
+    thread holds whole columns, so the sums over the splits stay in its registers (Triton lays a [splits,
+    heads, HD] tile out with the splits across the warps: a CTA barrier and a shared-memory round per sum),
+    and a step holds at most MERGE_VALUES values, so a long cache's many splits do not spill."""
     if M.SP > COMBINE_SPLITS:
         _attn_combine_groups(part, attn_out, g, n_act, S, DT, M)
     else:

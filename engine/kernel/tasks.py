@@ -75,8 +75,7 @@ def residual_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, S, DOWN: tl.cons
     DT: tl.constexpr = mw.w.dtype.element_ty
     res = ac.act + act_offset(task.layer, ACT_HMID if DOWN else ACT_H, M, C)
     rows = task.tile * S.BN + tl.arange(0, S.BN)
-    h = tl.load(res + rows, mask=(rows >= 0) & (task.early != 0), other=0.0,
-                cache_modifier=".cg")
+    h = tl.load(res + rows, mask=(rows >= 0) & (task.early != 0), other=0.0, cache_modifier=".cg")
     if DOWN:
         acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_MLP, BUF_ACT, 0, S, M, C)
     else:
