@@ -273,19 +273,25 @@ def occupancy(regs: int, smem_bytes: int, num_warps: int) -> dict[str, Any]:
 _INS_RE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)", re.MULTILINE)
 
 
-def sass_text(cubin: bytes) -> str:
-    """Disassembly of a cubin with the cuobjdump (or nvdisasm) shipped in the triton wheel."""
+def _disassemble(cubin: bytes, tools: tuple[tuple[str, list[str]], ...]) -> str:
+    """The first of `tools` ((name, flags) shipped in the triton wheel, or on PATH) that disassembles the cubin."""
     with tempfile.TemporaryDirectory(prefix="kog-sass-") as d:
         f = Path(d) / "k.cubin"
         f.write_bytes(cubin)
-        for tool, cmd in (("cuobjdump", ["-sass"]), ("nvdisasm", ["-c"])):
+        for tool, cmd in tools:
             exe = _triton_bin(tool)
             if exe is None:
                 continue
             r = subprocess.run([str(exe), *cmd, str(f)], capture_output=True, text=True)
             if r.returncode == 0 and r.stdout.strip():
                 return r.stdout
-        raise UsageError("no working cuobjdump or nvdisasm (looked in triton/backends/nvidia/bin and PATH)")
+        names = " or ".join(t for t, _ in tools)
+        raise UsageError(f"no working {names} (looked in triton/backends/nvidia/bin and PATH)")
+
+
+def sass_text(cubin: bytes) -> str:
+    """Disassembly of a cubin with the cuobjdump (or nvdisasm) shipped in the triton wheel."""
+    return _disassemble(cubin, (("cuobjdump", ["-sass"]), ("nvdisasm", ["-c"])))
 
 
 _TARGET_RE = re.compile(r"0x([0-9a-f]+)")
@@ -321,20 +327,10 @@ def shared_load_blocks(sass: str) -> list[int]:
 def sass_with_lines(cubin: bytes) -> str:
     """Disassembly with source lines (`nvdisasm -c -gi`: a `//## File "...", line N` comment before the
     instructions of each line; ptxas keeps them because Triton compiles with -lineinfo)."""
-    exe = _triton_bin("nvdisasm")
-    if exe is None:
-        raise UsageError("no nvdisasm (looked in triton/backends/nvidia/bin and PATH)")
-    with tempfile.TemporaryDirectory(prefix="kog-sass-") as d:
-        f = Path(d) / "k.cubin"
-        f.write_bytes(cubin)
-        r = subprocess.run([str(exe), "-c", "-gi", str(f)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise KogError(f"nvdisasm failed ({r.returncode}): {r.stderr.strip()[-500:]}")
-        return r.stdout
+    return _disassemble(cubin, (("nvdisasm", ["-c", "-gi"]),))
 
 
 _LINE_RE = re.compile(r'//## File "([^"]+)", line (\d+)')
-_SASS_INS_RE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:(@!?U?P\w+)\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 _REG_RE = re.compile(r"\bR(\d+)\b")
 # opcodes all of whose operands are read (no destination register first)
 _NO_DEST = ("ST", "RED", "BRA", "SYNCS", "UBLKCP", "BAR", "EXIT", "CCTL", "MEMBAR", "ERRBAR", "CALL", "RET", "ISETP",
@@ -353,9 +349,9 @@ def exposed_loads(sass: str, window: int = EXPOSED_WINDOW) -> list[dict[str, Any
         if m:
             src = f"{Path(m.group(1)).name}:{m.group(2)}"
             continue
-        m = _SASS_INS_RE.match(line)
+        m = _INS_RE.match(line)
         if m:
-            ins.append((int(m.group(1), 16), m.group(3), m.group(4), src))
+            ins.append((int(m.group(1), 16), m.group(2), m.group(3).strip(), src))
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for i, (addr, op, operands, where) in enumerate(ins):
         if not op.startswith("LDG"):

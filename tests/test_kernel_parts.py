@@ -14,9 +14,6 @@ import triton.language as tl
 
 from kog.engine import layout as LY
 from kog.engine.kernel.act import act_offset
-from kog.engine.kernel.names import (ACT_ATTN as LY_ACT_ATTN, ACT_DPART as LY_ACT_DPART, ACT_H as LY_ACT_H,
-                                     ACT_HMID as LY_ACT_HMID, ACT_HOUT as LY_ACT_HOUT, ACT_MLP as LY_ACT_MLP,
-                                     ACT_OPART as LY_ACT_OPART, ACT_QKV as LY_ACT_QKV)
 from kog.engine.kernel.attention import CacheView, _attn_combine, _attn_split, _split_inputs
 from kog.engine.kernel.exchange import pick_across_ranks
 from kog.engine.kernel.gemv import GemvInput, XCache, gemv
@@ -297,17 +294,10 @@ def test_attention_splits_and_their_merge_match_softmax_attention(G, merge_value
 # ---- activation offsets ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _act_offsets_kernel(out, L: tl.constexpr, M, C):
+def _act_offsets_kernel(out, L: tl.constexpr, NCOL: tl.constexpr, M, C):
     for layer in tl.static_range(L):
-        tl.store(out + layer * 8 + LY_ACT_H, act_offset(layer, LY_ACT_H, M, C))
-        tl.store(out + layer * 8 + LY_ACT_QKV, act_offset(layer, LY_ACT_QKV, M, C))
-        tl.store(out + layer * 8 + LY_ACT_ATTN, act_offset(layer, LY_ACT_ATTN, M, C))
-        tl.store(out + layer * 8 + LY_ACT_HMID, act_offset(layer, LY_ACT_HMID, M, C))
-        tl.store(out + layer * 8 + LY_ACT_MLP, act_offset(layer, LY_ACT_MLP, M, C))
-        tl.store(out + layer * 8 + LY_ACT_HOUT, act_offset(layer, LY_ACT_HOUT, M, C))
-        if C.TP:
-            tl.store(out + layer * 8 + LY_ACT_OPART, act_offset(layer, LY_ACT_OPART, M, C))
-            tl.store(out + layer * 8 + LY_ACT_DPART, act_offset(layer, LY_ACT_DPART, M, C))
+        for col in tl.static_range(NCOL):          # layout.ACT_* are 0 .. 7
+            tl.store(out + layer * 8 + col, act_offset(layer, col, M, C))
 
 
 @pytest.mark.parametrize("tp", [False, True])
@@ -324,8 +314,9 @@ def test_the_kernels_activation_offsets_are_the_hosts(tp):
                       FILTER_BV=16, TRACE=False, ATRACE=False, VENDOR=0, TPC=1, RING=0, SLOTB=0, RING_SIZES=False,
                       BKC_X=0, TAGQKV=False, TP=tp, NR=1, XR=1, VR=0))
     out = torch.full((3 * 8,), -1, dtype=torch.int32)
-    _act_offsets_kernel[(1,)](out, 3, M, C)
     cols = range(8) if tp else [LY.ACT_H, LY.ACT_QKV, LY.ACT_ATTN, LY.ACT_HMID, LY.ACT_MLP, LY.ACT_HOUT]
+    assert list(cols) == list(range(len(cols)))    # the kernel walks columns 0 .. len(cols) - 1
+    _act_offsets_kernel[(1,)](out, 3, len(cols), M, C)
     want = {(layer, c): activation_offset(cfg, layer, c, tp) for layer in range(3) for c in cols}
     got = {(layer, c): int(out[layer * 8 + c]) for layer in range(3) for c in cols}
     assert got == want
