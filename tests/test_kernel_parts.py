@@ -252,14 +252,18 @@ def _attn_kernel(qkv, cos, sin, kc, vc, part, out, pos, eps, sm_scale, S, M, C):
     _attn_combine(part, out, g, S, S, tl.float32, M)
 
 
-@pytest.mark.parametrize("G, merge_values", [(2, None), (3, None), (3, 32)])
-def test_attention_splits_and_their_merge_match_softmax_attention(G, merge_values, monkeypatch):
+@pytest.mark.parametrize("G, merge_values, combine_splits", [(2, None, None), (3, None, None), (3, 32, None),
+                                                             (3, None, 2), (3, 32, 2)])
+def test_attention_splits_and_their_merge_match_softmax_attention(G, merge_values, combine_splits, monkeypatch):
     """KV head 1 of 2 (G query heads each, head_dim 16; 3 heads pad to 4 in the merge) over 40 cached positions
     plus the new one, in three splits of 16 positions: RoPE on q and the new k, the new k / v written to the
-    cache, the partials merged (merge_values 32: one head a step, as a long cache's many splits are)."""
+    cache, the partials merged (merge_values 32: one head a step, as a long cache's many splits are;
+    combine_splits 2: the three splits in groups of two with a running max, as more than 16 splits are)."""
+    import kog.engine.kernel.attention as attention
     if merge_values is not None:
-        import kog.engine.kernel.attention as attention
         monkeypatch.setattr(attention, "MERGE_VALUES", tl.constexpr(merge_values))
+    if combine_splits is not None:
+        monkeypatch.setattr(attention, "COMBINE_SPLITS", tl.constexpr(combine_splits))
     torch.manual_seed(2)
     HD, nkv, pos, BT = 16, 2, 40, 16
     QS, KVS = nkv * G * HD, nkv * HD

@@ -287,28 +287,38 @@ def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
 
 @triton.jit
 def _attn_combine_groups(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
-    """_attn_combine over many splits: groups of COMBINE_SPLITS, each folded into a running max, weight sum and
-    output (split 0 always holds positions, so the running max is finite after the first group)."""
+    """_attn_combine over many splits: column steps as _attn_combine's (at most MERGE_VALUES partials of a
+    group at once), each over the splits in groups of COMBINE_SPLITS folded into a running max, weight sum and
+    output per column (split 0 always holds positions, so the running max is finite after the first group)."""
     HD: tl.constexpr = M.HD
     GP: tl.constexpr = M.GP
+    GD: tl.constexpr = M.GH * HD
+    CW: tl.constexpr = GD if GD * COMBINE_SPLITS <= MERGE_VALUES else MERGE_VALUES // COMBINE_SPLITS
+    CB: tl.constexpr = CW if CW >= HD else HD
+    HB: tl.constexpr = CB // HD
     sp = tl.arange(0, COMBINE_SPLITS)
-    gq = tl.arange(0, M.GH)
-    d = tl.arange(0, HD)
-    run_m = tl.full([M.GH], float("-inf"), tl.float32)
-    run_l = tl.zeros([M.GH], dtype=tl.float32)
-    run_o = tl.zeros([M.GH, HD], dtype=tl.float32)
-    for s0 in range(0, n_act, COMBINE_SPLITS):
-        sm = (s0 + sp) < n_act
-        base = part + (g * S + s0 + sp) * GP * (HD + 2)
-        m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
-        a = tl.load(base[:, None, None] + gq[None, :, None] * HD + d[None, None, :], mask=sm[:, None, None], other=0.0,
-                    cache_modifier=".cg")
-        new_m = tl.maximum(run_m, tl.max(m, axis=0))
-        keep = tl.where(run_m == float("-inf"), 0.0, tl.exp(run_m - new_m))
-        w = tl.where(sm[:, None], tl.exp(m - new_m[None, :]), 0.0)
-        run_l = run_l * keep + tl.sum(l * w, axis=0)
-        run_o = run_o * keep[:, None] + tl.sum(a * w[:, :, None], axis=0)
-        run_m = new_m
-    o = run_o / run_l[:, None]
-    tl.store(attn_out + (g * M.G + gq)[:, None] * HD + d[None, :], rnd(o, DT), mask=(gq < M.G)[:, None])
+    cc = tl.arange(0, CB)
+    for c0 in tl.static_range(0, GD, CB):
+        if c0 < M.G * HD:
+            gq = c0 // HD + tl.arange(0, HB)
+            run_m = tl.full([HB], float("-inf"), tl.float32)
+            run_l = tl.zeros([HB], dtype=tl.float32)
+            run_o = tl.zeros([CB], dtype=tl.float32)
+            for s0 in range(0, n_act, COMBINE_SPLITS):
+                sm = (s0 + sp) < n_act
+                base = part + (g * S + s0 + sp) * GP * (HD + 2)
+                m = tl.load(base[:, None] + GP * HD + gq[None, :], mask=sm[:, None], other=float("-inf"),
+                            cache_modifier=".cg")
+                l = tl.load(base[:, None] + GP * HD + GP + gq[None, :], mask=sm[:, None], other=0.0,
+                            cache_modifier=".cg")
+                a = tl.load(base[:, None] + c0 + cc[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
+                new_m = tl.maximum(run_m, tl.max(m, axis=0))                              # [HB]
+                keep = tl.where(run_m == float("-inf"), 0.0, tl.exp(run_m - new_m))
+                w = tl.where(sm[:, None], tl.exp(m - new_m[None, :]), 0.0)               # [SPG, HB]
+                run_l = run_l * keep + tl.sum(l * w, axis=0)
+                wc = tl.reshape(tl.broadcast_to(w[:, :, None], [COMBINE_SPLITS, HB, HD]), [COMBINE_SPLITS, CB])
+                kc = tl.reshape(tl.broadcast_to(keep[:, None], [HB, HD]), [CB])
+                run_o = run_o * kc + tl.sum(a * wc, axis=0)
+                run_m = new_m
+            lc = tl.reshape(tl.broadcast_to(run_l[:, None], [HB, HD]), [CB])
+            tl.store(attn_out + g * M.G * HD + c0 + cc, rnd(run_o / lc, DT), mask=c0 + cc < M.G * HD)
