@@ -106,6 +106,6 @@ Shape = namedtuple("Shape", "H I V L HD NKV G GP GH SP QS KVS HAS_BIAS QK_NORM")
 # one GEMV phase: K, rows per task, columns per K step (the ring's chunk or the direct path's block), RMS-normed
 # input, gate and up rows together, input kept in registers as float pairs (XRAW) or model-dtype words (XW),
 # the weight matrix (woff column) and the tensor-parallel slices its rows are reduced in (tp_compat)
-GemvSpec = namedtuple("GemvSpec", "K BN BK NORM GU XRAW XW WCOL RANKS")
+GemvSpec = namedtuple("GemvSpec", "K BN BK NORM GU XRAW XW WCOL RANKS R")
 Tiling = namedtuple("Tiling", "WAIT QKV O GU DOWN LM BT SPLIT GPOW SAMPLE FILTER_BV TRACE ATRACE VENDOR TPC "
                     "RING SLOTB RING_SIZES BKC_X TAGQKV TP NR XR VR")

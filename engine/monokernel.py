@@ -49,11 +49,13 @@ def _cx(t):
     return type(t)(*(_cx(v) if isinstance(v, tuple) else tl.constexpr(v) for v in t))
 
 
-def gemv_specs(cfg: ModelConfig, e: EngineConfig, tp: bool = False) -> dict[str, LY.GemvSpec]:
+def gemv_specs(cfg: ModelConfig, e: EngineConfig, rows_per_counter, tp: bool = False) -> dict[str, LY.GemvSpec]:
     """The five GEMV phases' constexpr specs (layout.GemvSpec): K, rows per task, columns per K step (the ring's
     chunk, or the direct path's block: gate_up's two tiles take half of block_k), and where an input stays in
     registers across a CTA's tasks (O's raw input where its one chunk is as wide as the normed inputs' cache,
-    down's as model-dtype words where one chunk spans it; not with tensor parallelism)."""
+    down's as model-dtype words where one chunk spans it; not with tensor parallelism), and the rows per
+    readiness counter of each phase's input buffer (the plan's rows_per_counter: a constexpr, since a table
+    read there would be an L2 round trip after every acquire, ahead of the wait's first poll)."""
     H, I, QS = cfg.hidden_size, cfg.intermediate_size, cfg.q_size
     bn = dict(qkv=e.bn_qkv, o=e.bn_o, gu=e.bn_gate_up, down=e.bn_down, lm=e.bn_lm)
     if e.weight_ring:
@@ -67,16 +69,18 @@ def gemv_specs(cfg: ModelConfig, e: EngineConfig, tp: bool = False) -> dict[str,
                   down=e.block_k, lm=e.block_k)
         xraw_o = xw_down = False
     ranks = int(e.tp_compat)
-    return dict(QKV=LY.GemvSpec(H, bn["qkv"], bk["qkv"], True, False, False, False, LY.W_QKV, 1),
-                O=LY.GemvSpec(QS, bn["o"], bk["o"], False, False, xraw_o, False, LY.W_O, ranks),
-                GU=LY.GemvSpec(H, bn["gu"], bk["gu"], True, True, False, False, LY.W_GATE, 1),
-                DOWN=LY.GemvSpec(I, bn["down"], bk["down"], False, False, False, xw_down, LY.W_DOWN, ranks),
-                LM=LY.GemvSpec(H, bn["lm"], bk["lm"], True, False, False, False, LY.W_LM, 1))
+    R = [int(r) for r in rows_per_counter]
+    return dict(QKV=LY.GemvSpec(H, bn["qkv"], bk["qkv"], True, False, False, False, LY.W_QKV, 1, R[LY.BUF_HOUT]),
+                O=LY.GemvSpec(QS, bn["o"], bk["o"], False, False, xraw_o, False, LY.W_O, ranks, R[LY.BUF_ATTN]),
+                GU=LY.GemvSpec(H, bn["gu"], bk["gu"], True, True, False, False, LY.W_GATE, 1, R[LY.BUF_HMID]),
+                DOWN=LY.GemvSpec(I, bn["down"], bk["down"], False, False, False, xw_down, LY.W_DOWN, ranks,
+                                 R[LY.BUF_ACT]),
+                LM=LY.GemvSpec(H, bn["lm"], bk["lm"], True, False, False, False, LY.W_LM, 1, R[LY.BUF_HOUT]))
 
 
-def kernel_constants(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: int, vendor: int, sample: int,
-                     trace: bool, attn_stamps: bool = False, tp: tuple[int, int, int] | None = None
-                     ) -> tuple[LY.Shape, LY.Tiling, dict[str, Any]]:
+def kernel_constants(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, grid: int, rows_per_counter,
+                     vendor: int, sample: int, trace: bool, attn_stamps: bool = False,
+                     tp: tuple[int, int, int] | None = None) -> tuple[LY.Shape, LY.Tiling, dict[str, Any]]:
     """(Shape, Tiling, launch options) of one launch: the kernel's constexpr groups and num_warps, the register
     cap and the cooperative launch. One function for the launcher and for kog.engine.regreport's compile
     without a GPU, so the two cannot drift. tp: (ranks, exchange rows, vocabulary) of a tensor-parallel rank."""
@@ -94,7 +98,7 @@ def kernel_constants(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, gri
         slotb, bkc_x = slot_bytes(block_k=e.block_k, bn=phase_bn(e)), kernel_chunk_cols(**dims)["BKC_X"]
         sizes = padded_fraction(**dims) > 0
     nr, xr, vr = tp or (1, 1, 0)
-    tiling = LY.Tiling(WAIT=e.mode == "targeted", **gemv_specs(cfg, e, tp is not None), BT=e.attn_dot_tile(),
+    tiling = LY.Tiling(WAIT=e.mode == "targeted", **gemv_specs(cfg, e, rows_per_counter, tp is not None), BT=e.attn_dot_tile(),
                        SPLIT=e.attn_block, GPOW=_next_pow2(grid), SAMPLE=sample, FILTER_BV=4 * e.num_warps,
                        TRACE=bool(trace), ATRACE=bool(trace and attn_stamps), VENDOR=vendor, TPC=int(e.tp_compat),
                        RING=ring, SLOTB=slotb, RING_SIZES=sizes, BKC_X=bkc_x, TAGQKV=bool(ring), TP=tp is not None,
@@ -364,7 +368,7 @@ class Monokernel:
 
     def constants(self, sample: int, trace: bool) -> tuple:
         return kernel_constants(self.cfg, self.ecfg, attn_splits=self.attn_splits, grid=self.plan.grid,
-                                vendor=self.vendor, sample=sample, trace=trace, attn_stamps=self.attn_stamps)
+                                rows_per_counter=self.plan.rows_per_counter, vendor=self.vendor, sample=sample, trace=trace, attn_stamps=self.attn_stamps)
 
     def _launch(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,
                 top_k: int, top_p: float, seed: int, write_logits: bool, trace: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -119,7 +119,8 @@ def launch_spec(cfg: ModelConfig, ecfg: EngineConfig, *, sms: int = H200_SMS, ve
         attn_splits=attn_splits)
     run = (prompt_len - 1, tokens, 1 if forced else 0, int(seed), int(top_k),
            1.0 / temperature if temperature > 0 else 1.0, float(top_p), 1 if write_logits else 0, n_eos)
-    shape, tiling, opts = kernel_constants(cfg, e, attn_splits=attn_splits, grid=p.grid, vendor=vendor,
+    shape, tiling, opts = kernel_constants(cfg, e, attn_splits=attn_splits, grid=p.grid,
+                                           rows_per_counter=p.rows_per_counter, vendor=vendor,
                                            sample=sample_mode(temperature, top_k, top_p), trace=trace,
                                            attn_stamps=attn_stamps)
     return (*kernel_groups(b, cfg, e, p, trace), *run, shape, tiling), opts

@@ -138,7 +138,7 @@ class _Rank(Monokernel):
     def constants(self, sample: int, trace: bool) -> tuple:
         o = self._owner
         return kernel_constants(self.cfg, self.ecfg, attn_splits=self.attn_splits, grid=self.plan.grid,
-                                vendor=self.vendor, sample=sample, trace=trace,
+                                rows_per_counter=self.plan.rows_per_counter, vendor=self.vendor, sample=sample, trace=trace,
                                 tp=(o.G, o.exchange_rows, o.cfg.vocab_size))
 
     def _check_error(self) -> None:

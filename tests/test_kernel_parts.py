@@ -210,7 +210,7 @@ def test_direct_gemv_matches_torch(K, BK, norm):
     assert woff[LY.W_UP] >= 0
     mw = LY.ModelArgs(wbuf, woff, None, None, None, None, None, None)
     out, out2 = torch.zeros(BN), torch.zeros(BN)
-    C = _tiling(0, dict(K=K, BN=BN, BK=BK, NORM=norm, GU=True, XRAW=False, XW=False, WCOL=LY.W_GATE, RANKS=1))
+    C = _tiling(0, dict(K=K, BN=BN, BK=BK, NORM=norm, GU=True, XRAW=False, XW=False, WCOL=LY.W_GATE, RANKS=1, R=64))
     _gemv_kernel[(1,)](mw, None, _sync(), x, g, out, out2, 0, 1, eps, 0.0, C.GU, C)
     xn = x / torch.sqrt((x * x).mean() + eps) * g if norm else x
     torch.testing.assert_close(out, wg[8:16] @ xn, rtol=1e-4, atol=1e-4)
@@ -228,7 +228,7 @@ def test_ring_gemv_matches_torch():
     pa = LY.PlanArgs(None, None, None, None, None, None, torch.tensor([0, 2], dtype=torch.int32), None,
                      torch.zeros(2 * BN * BKC, dtype=torch.float16), None, None)
     out, out2 = torch.zeros(BN), torch.zeros(BN)
-    C = _tiling(2, dict(K=K, BN=BN, BK=BKC, NORM=True, GU=False, XRAW=False, XW=False, WCOL=LY.W_QKV, RANKS=1),
+    C = _tiling(2, dict(K=K, BN=BN, BK=BKC, NORM=True, GU=False, XRAW=False, XW=False, WCOL=LY.W_QKV, RANKS=1, R=64),
                 slotb=BN * BKC * 2)
     _gemv_kernel[(1,)](mw, pa, _sync(), x, g, out, out2, 0, 0, eps, torch.zeros(BKC // 2), C.QKV, C)
     xn = x / torch.sqrt((x * x).mean() + eps) * g

@@ -197,6 +197,10 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
         best = Best(bv, bi, best.top)
     tl.store(ac.partial_v + cta, best.v)
     tl.store(ac.partial_i + cta, best.i)
+    # the stop list is read before the arrival: after it (an acquire) the read is an L2 round trip between
+    # the token's pick and the next token's embedding
+    er = tl.arange(0, 8)
+    eos = tl.load(ac.eos + er, mask=er < run.n_eos, other=-1)
     tl.debug_barrier()
     old = tl.atomic_add(sy.sync + S_DONE, 1, sem="acq_rel", scope="gpu")
     if old == tok.t1 * nprog - 1:
@@ -211,8 +215,6 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
         if run.force != 0:
             t = tl.load(ac.forced + tok.step + 1)
         t = _checked_token(t, b, run.force, tok, sy, M, C)
-        er = tl.arange(0, 8)
-        eos = tl.load(ac.eos + er, mask=er < run.n_eos, other=-1)
         if tl.sum((eos == t).to(tl.int32), axis=0) > 0:
             tl.store(sy.sync + S_STOP, 1)
         tl.store(sy.sync + S_NTOK, tok.t1)

@@ -17,8 +17,7 @@ import triton.language as tl
 from kog.engine.kernel.act import act_offset
 from kog.engine.kernel.gemv import GemvInput, gemv, rounded_sum
 from kog.engine.kernel.names import (ACT_ATTN, ACT_DPART, ACT_H, ACT_HMID, ACT_HOUT, ACT_MLP, ACT_OPART,
-                                     ACT_QKV, BUF_ACT, BUF_ATTN, BUF_HMID, BUF_HOUT, P_ATTN_NORM, P_BIAS, P_FFN_NORM,
-                                     SOFF_COLS, TP_VOCAB_LO)
+                                     ACT_QKV, P_ATTN_NORM, P_BIAS, P_FFN_NORM, SOFF_COLS, TP_VOCAB_LO)
 from kog.engine.kernel.numerics import rnd
 from kog.engine.kernel.sampling import gumbel_scores, tile_best
 from kog.engine.kernel.sync import Pending, tag_store
@@ -30,17 +29,17 @@ Best = namedtuple("Best", "v i top")
 
 
 @triton.jit
-def _input(task, col: tl.constexpr, R_buf, norm, tok, mw, ac, pa, M, C):
-    """The GemvInput of a task reading activation column `col` (rows per counter of buffer R_buf), RMS-normed
-    with the weight at small[norm] when the phase consumes a norm."""
+def _input(task, col: tl.constexpr, norm, tok, mw, ac, S, M, C):
+    """The GemvInput of a task reading activation column `col` (S.R rows per counter), RMS-normed with the
+    weight at small[norm] when the phase consumes a norm."""
     xo = act_offset(task.layer, col, M, C)
-    return GemvInput(ac.act + xo, mw.small + norm, task.wait, tl.load(pa.rpc + R_buf), xo + tok.xtok)
+    return GemvInput(ac.act + xo, mw.small + norm, task.wait, S.R, xo + tok.xtok)
 
 
 @triton.jit
-def _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, col: tl.constexpr, R_buf, norm, S, M, C):
+def _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, col: tl.constexpr, norm, S, M, C):
     """The task's GEMV (S: its phase's GemvSpec) over activation column `col`: (acc, acc2, waited, StreamState)."""
-    inp = _input(task, col, R_buf, norm, tok, mw, ac, pa, M, C)
+    inp = _input(task, col, norm, tok, mw, ac, S, M, C)
     acc, acc2, waited, wc, rc, xc = gemv(inp, task.layer, task.tile, tok.t1, task.index, fx.eps, sm.wc, sm.rc, sm.xc,
                                          cta.rs, mw, pa, sy, cta.index, S, C)
     return acc, acc2, waited, StreamState(wc, rc, xc)
@@ -55,7 +54,7 @@ def qkv_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, M, C):
         # acquire invalidated L1) between the GEMV and the store attention waits for
         bias = tl.load(mw.small + tl.load(so + P_BIAS) + rows)
     # layer 0 reads the embedding row, released with the token: its wait base is a block of always-ready counters
-    y, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_H, BUF_HOUT, tl.load(so + P_ATTN_NORM),
+    y, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_H, tl.load(so + P_ATTN_NORM),
                                   C.QKV, M, C)
     if M.HAS_BIAS:
         y += bias
@@ -77,9 +76,9 @@ def residual_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, S, DOWN: tl.cons
     rows = task.tile * S.BN + tl.arange(0, S.BN)
     h = tl.load(res + rows, mask=(rows >= 0) & (task.early != 0), other=0.0, cache_modifier=".cg")
     if DOWN:
-        acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_MLP, BUF_ACT, 0, S, M, C)
+        acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_MLP, 0, S, M, C)
     else:
-        acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_ATTN, BUF_ATTN, 0, S, M, C)
+        acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_ATTN, 0, S, M, C)
     if C.TP:   # a partial sum of the hidden rows: the exchange adds the ranks' partials
         tl.store(ac.act + act_offset(task.layer, ACT_DPART if DOWN else ACT_OPART, M, C) + rows,
                  rounded_sum(acc, DT, S.RANKS))
@@ -96,7 +95,7 @@ def gate_up_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, M, C):
     DT: tl.constexpr = mw.w.dtype.element_ty
     rows = task.tile * C.GU.BN + tl.arange(0, C.GU.BN)
     norm = tl.load(mw.soff + task.layer * SOFF_COLS + P_FFN_NORM)
-    ag, au, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_HMID, BUF_HMID, norm, C.GU, M, C)
+    ag, au, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_HMID, norm, C.GU, M, C)
     gt = rnd(ag, DT)
     y = rnd(rnd(gt / (1.0 + tl.exp(-gt)), DT) * rnd(au, DT), DT)   # silu(g) * u (HF: in the model dtype)
     tl.store(ac.act + act_offset(task.layer, ACT_MLP, M, C) + rows, y)
@@ -108,7 +107,7 @@ def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
     """Logits of this tile's vocabulary rows (stored when asked), their sampling scores, the CTA's best."""
     DT: tl.constexpr = mw.w.dtype.element_ty
     rows = task.tile * C.LM.BN + tl.arange(0, C.LM.BN)
-    acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_H, BUF_HOUT, fx.fnorm_off, C.LM, M, C)
+    acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_H, fx.fnorm_off, C.LM, M, C)
     lg = rnd(acc, DT)                            # HF_ROUNDING: logits in the model dtype, as HF
     if run.write_logits != 0:
         tl.store(ac.logits + tl.cast(tok.step, tl.int64) * M.V + rows, lg)
