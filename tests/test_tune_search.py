@@ -43,7 +43,7 @@ def test_search_stores_best_and_resumes(env, capsys):
 
 def test_crashing_configs_fail_and_the_study_goes_on(env):
     from kog.tune.search import cli_search
-    a = argparse.Namespace(model="llama-3.2-1b", trials=8, study="crashy", storage=None, sampler="random",
+    a = argparse.Namespace(model="llama-3.2-1b", trials=30, study="crashy", storage=None, sampler="random",
                            backend="sim", workers=1, timeout=30.0, runs_dir=str(env / "runs"), json=True,
                            seed=3, target="kog.tune._fakes:crash_if_bigwarps")
     assert cli_search(a) == 0

@@ -205,3 +205,49 @@ def test_retired_engine_fields_are_dropped_when_read(tmp_path, monkeypatch):
     for e in json.loads(store.BUILTIN.read_text())["entries"].values():     # kog's own table is current
         assert not set(e["config"]) & set(store.RETIRED_FIELDS)
 
+
+
+@pytest.mark.parametrize("name", ["qwen3-1.7b", "llama-3.2-1b"])
+def test_neighbors_move_one_knob_of_the_default(name):
+    """Space.neighbors: each config one knob away, the knob's neighbouring choices (both sides), the knobs that
+    depend on it replayed (grid mode asks no sync_rows; a 32-position split no attn_tile); none twice."""
+    from kog.engine.engine_config import sm90_default
+    m = preset(name)
+    sp = build_space(m, has_scan=False, ring=True)
+    _, base, choices = sp.replay(sm90_default(m, 640).to_dict())
+    near = sp.neighbors(base)
+    assert len({json.dumps(p, sort_keys=True) for p in near}) == len(near) and base not in near
+    moved = []
+    for p in near:
+        diff = {k for k in set(base) | set(p) if base.get(k) != p.get(k)}
+        knob = [k for k in diff if k in base and k in p]
+        assert len(knob) == 1 and diff - set(knob) <= {"sync_rows", "attn_tile"}, (p, diff)
+        k = knob[0]
+        opts = choices[k]
+        if isinstance(base[k], int):
+            assert abs(opts.index(p[k]) - opts.index(base[k])) == 1
+        moved.append((k, p[k]))
+        assert sp.replay(p)[1] == p                  # already what suggest() asks for
+    assert ("attn_block", base["attn_block"] // 2) in moved and ("attn_block", base["attn_block"] * 2) in moved
+    assert ("mode", "grid") in moved and all(("bn_" + ph, base["bn_" + ph] * 2) in moved for ph in ("qkv", "o"))
+    grid = next(p for p in near if p["mode"] == "grid")
+    assert "sync_rows" not in grid
+
+
+def test_initial_design_is_the_default_then_its_valid_neighbors(tmp_path, monkeypatch):
+    """The search's queued trials: the engine default, every neighbor the constraints accept, then random
+    configs only to reach n."""
+    import argparse
+    from kog.tune.search import _feasible, _is_default, initial_design, prepare
+    from kog.tune.space import residency_fn
+    monkeypatch.setenv("KOG_RUNS_DIR", str(tmp_path / "runs"))
+    a = argparse.Namespace(model="qwen3-1.7b", trials=8, study=None, storage=None, sampler="tpe", backend="sim",
+                           workers=1, timeout=30.0, runs_dir=str(tmp_path / "runs"), json=False, seed=0, tp=None,
+                           exchange_rows=None, gpus=None)
+    s = prepare(a)
+    sp = s.space()
+    design = initial_design(s, 8)
+    assert _is_default(s, design[0])
+    base = sp.replay(design[0])[1]
+    near = [p for p in sp.neighbors(base) if _feasible(sp, p, s, residency_fn(s.backend))]
+    assert len(near) >= 10 and design[1:1 + len(near)] == near and len(design) == max(8, 1 + len(near))

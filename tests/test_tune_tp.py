@@ -42,7 +42,7 @@ def test_sim_search_over_tp_degrees(env, capsys, monkeypatch):
     # search is mostly refused configs): this test is about how a TP best is stored
     monkeypatch.setattr(search, "scan_device", lambda scan_dir: NS(vendor="nvidia", arch="sm_80", name="sim"))
     cli_search = search.cli_search
-    assert cli_search(_args(env, tp="1,2,4", trials=30)) == 0
+    assert cli_search(_args(env, tp="1,2,4", trials=50)) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     st = _study(env, out["study"])
     assert out["study"].endswith("-tp1-2-4")

@@ -833,8 +833,9 @@ def _is_default(s: Setup, params: dict[str, Any]) -> bool:
 
 
 def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` distinct valid configs (the engine default first, then random ones): queued before the sampler
-    takes over, and compiled ahead in parallel."""
+    """Distinct valid configs queued before the sampler takes over, and compiled ahead in parallel: the engine
+    default first, then every valid config one knob away from it (Space.neighbors), then random ones up to
+    `n` in all."""
     import optuna
     from kog.tune.space import Infeasible, check, check_tp, residency_fn, tp_from_params
     from kog.tune.store import RETIRED_FIELDS
@@ -853,6 +854,10 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
             p["tp_degree"] = 1            # the engine default runs on one GPU
         out.append(p)
         seen.add(json.dumps(p, sort_keys=True))
+        for q in space.neighbors(p):
+            if _feasible(space, q, s, maxc) and json.dumps(q, sort_keys=True) not in seen:
+                seen.add(json.dumps(q, sort_keys=True))
+                out.append(q)
     except Infeasible:
         pass
     st = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
@@ -872,6 +877,18 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
             seen.add(key)
             out.append(dict(t.params))
     return out
+
+
+def _feasible(space, params: dict[str, Any], s: Setup, maxc) -> bool:
+    """Whether the config `params` replays to passes the constraints (no launch)."""
+    from kog.tune.space import Infeasible, check, check_tp, tp_from_params
+    try:
+        check(space.replay(params)[0], s.model, s.sms, maxc)
+        g, x = tp_from_params(params)
+        check_tp(space.replay(params)[0], s.model, g, x, s.gpus, s.sms, maxc)
+    except Infeasible:
+        return False
+    return True
 
 
 # ---- the command ------------------------------------------------------------------------------------
@@ -903,7 +920,7 @@ def cli_search(args) -> int:
     revived = fail_dead_local_trials(study)
     before = finished_count(study)
     if before == 0 and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        design, default = initial_design(s, min(args.trials, 8), seed or 0), None
+        design, default = initial_design(s, min(args.trials, 8), seed or 0)[:args.trials], None
         for p in design:
             # the engine default (queued first) is tagged: the report sets the best trial against it
             tag = {"baseline": "engine default"} if p is design[0] and _is_default(s, p) else None

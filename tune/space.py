@@ -19,6 +19,7 @@ kog.engine.tp_monokernel.check_exchange_rows refuses. A degree-1 trial runs the 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -86,6 +87,45 @@ class Space:
     def to_dict(self) -> dict[str, Any]:
         import dataclasses
         return dataclasses.asdict(self)
+
+    def replay(self, params: dict[str, Any]) -> tuple[EngineConfig, dict[str, Any], dict[str, list]]:
+        """(config, the params suggest() asks for, their choice lists) of `params` replayed through suggest():
+        a parameter it asks for and `params` lacks takes its first choice, one it does not ask for is dropped
+        (a grid-mode config has no sync_rows)."""
+        asked: dict[str, Any] = {}
+        choices: dict[str, list] = {}
+
+        class _Replay:
+            def suggest_categorical(self, name, options):
+                choices[name] = list(options)
+                asked[name] = params.get(name, options[0])
+                return asked[name]
+
+        return self.suggest(_Replay()), asked, choices
+
+    def neighbors(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The params one knob away from `params`, in suggest()'s order: each numeric knob moved to the
+        choices on either side of its value, each named one (mode, mapping) to every other choice. A local search's first steps: the engine default is built by rules
+        that are a local optimum on the shapes they were measured on, and one knob moved is where a new
+        shape most often differs (docs/tuning.md)."""
+        _, base, choices = self.replay(params)
+        out: list[dict[str, Any]] = []
+        seen = {json.dumps(base, sort_keys=True)}
+        for name, opts in choices.items():
+            if base[name] not in opts:
+                continue
+            i = opts.index(base[name])
+            if all(isinstance(o, (int, float)) for o in opts):
+                moves = [opts[j] for j in (i - 1, i + 1) if 0 <= j < len(opts)]
+            else:
+                moves = [o for o in opts if o != base[name]]
+            for v in moves:
+                _, p, _ = self.replay({**base, name: v})
+                key = json.dumps(p, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(p)
+        return out
 
 
 def ring_capable(device) -> bool:
