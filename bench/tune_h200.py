@@ -53,6 +53,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile-processes", type=int, default=None, help="default: CPU cores - 2")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--study", default="tune-h200", help="the search's study name (kog.tune.promote names it)")
     ap.add_argument("--payload", default=None, help="JSON merged into every trial's payload (CPU rehearsal: "
                     "device, dtype, token counts)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -131,7 +132,7 @@ def main() -> int:
         args = build_parser().parse_args([
             "search", "--model", a.model, "--trials", str(a.search_trials), "--backend", "gpu",
             "--storage", f"sqlite:///{(out / 'search.db').resolve()}", "--runs-dir", str(out / "runs"),
-            "--study", "tune-h200", "--json"])
+            "--study", a.study, "--json"])
         args.payload_extra = extra
         args.compile_processes = a.compile_processes
         args.deadline = end - 15.0
@@ -141,7 +142,7 @@ def main() -> int:
             rc = cli_search(args)
         lines = [ln for ln in buf.getvalue().splitlines() if ln.strip().startswith("{")]
         summ = json.loads(lines[-1]) if lines else {}
-        R["search"] = {"rc": rc, "search_s": round(time.time() - t, 1), **search_stats(out / "search.db", a.model),
+        R["search"] = {"rc": rc, "search_s": round(time.time() - t, 1), **search_stats(out / "search.db", a.model, a.study),
                        "summary": {k: summ.get(k) for k in ("trials", "states", "fail_kinds", "best", "stored",
                                                             "run", "report")}}
     except Exception as e:
@@ -180,14 +181,14 @@ def _pct(xs, q):
     return round(s[min(len(s) - 1, int(q * len(s)))], 3)
 
 
-def search_stats(db: Path, model: str) -> dict:
+def search_stats(db: Path, model: str, study: str = "tune-h200") -> dict:
     """Per-trial walls, the engine default's trial (the initial design queues it first) and the best."""
     import optuna
     from kog.probe.device import require_gpu
     from kog.tune.search import engine_default
     from kog.tune.space import resolve_model_config
     from optuna.trial import TrialState
-    st = optuna.load_study(study_name="tune-h200", storage=f"sqlite:///{db.resolve()}")
+    st = optuna.load_study(study_name=study, storage=f"sqlite:///{db.resolve()}")
     ts = st.get_trials(deepcopy=False)
     walls = [t.user_attrs["wall_s"] for t in ts if "wall_s" in t.user_attrs]
     # the same default as the initial design's first trial (kog.tune.search.initial_design): what the
