@@ -313,3 +313,22 @@ def test_refused_configs_do_not_count_but_a_search_of_refusals_ends(env):
     ts = _study(env, "refusals").trials
     assert finished_count(_study(env, "refusals"), 5) == 5
     assert len(ts) == 5 + min(sum(is_refused(t) for t in ts), REFUSED_FREE * 5)
+
+
+def test_search_climbs_one_knob_at_a_time_from_the_default(env):
+    """After the default and its neighbors, the search queues the neighbors of each new best (search.climb)
+    until none improves: on a landscape two steps of two knobs from the default it reaches the top, queues
+    nothing tried before, and stays within --trials."""
+    from kog.tune.search import cli_search
+    a = argparse.Namespace(model="llama-3.2-1b", trials=40, study="hill", storage=None, sampler="random",
+                           backend="sim", workers=1, timeout=30.0, runs_dir=str(env / "runs"), json=True,
+                           seed=0, target="kog.tune._fakes:two_knob_hill")
+    assert cli_search(a) == 0
+    st = _study(env, "hill")
+    from kog.tune.search import finished_count
+    assert finished_count(st, 40) == 40
+    assert st.best_value == 1000.0 and st.best_params["block_k"] == 512 and st.best_params["bn_qkv"] == 32
+    climbed = [t for t in st.trials if "climb_from" in t.user_attrs]
+    assert climbed and all(st.trials[t.user_attrs["climb_from"]].value is not None for t in climbed)
+    keys = [json.dumps(t.params, sort_keys=True) for t in st.trials if t.state.is_finished()]
+    assert len(keys) == len(set(keys))       # no config measured twice

@@ -160,3 +160,13 @@ def sim_if_compiled(payload, report):
     out = sim_trial(payload, report)
     out["pid"] = os.getpid()
     return out
+
+
+def two_knob_hill(payload, report):
+    """tok/s that rises as block_k nears 512 and bn_qkv nears 32 (100 a choice step away), simulated otherwise:
+    the local search must walk there one knob at a time."""
+    import math
+    c = payload["config"]
+    v = 1000.0 - 100.0 * (abs(math.log2(c["block_k"] / 512)) + abs(math.log2(c["bn_qkv"] / 32)))
+    report(0, v)
+    return {"value": v, "breakdown": {}, "max_rel_err": 0.0, "simulated": True}

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kog.errors import UsageError
 
@@ -459,6 +459,90 @@ def waiting_count(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
+CLIMBED_ATTR = "kog:climbed"          # study system attr: {trial number: "dir" | "scan" | "done"}: how far a best
+CLIMB_STEP = 8                        # trials one climb queues at most (AHEAD's batch): a new best redirects sooner
+
+
+def climb(study, s: Setup, total: int) -> int:
+    """The local search between the initial design and the sampler. Once nothing is queued, from the best
+    completed trial: first the moves that improved before (a knob that beat its parent, one more choice the
+    same way), then, if the best is still the best after those, its untried valid neighbors (Space.neighbors),
+    CLIMB_STEP at a time so that a new best found among them is climbed from next; at most what --trials
+    leaves. The search so walks from the engine default while a step improves, and the sampler takes over
+    when the best's neighbors are all tried. Returns how many trials were queued (each with user attr
+    climb_from: the trial it steps from)."""
+    from optuna.trial import TrialState
+    from kog.tune.space import residency_fn
+    if waiting_count(study):
+        return 0
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
+    room = total - finished_count(study, total) - _running_count(study)
+    if not done or room <= 0:
+        return 0
+    best = max(done, key=lambda t: t.value)
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    state = dict(attrs.get(CLIMBED_ATTR) or {})
+    how = state.get(str(best.number))
+    if how == "done":
+        return 0
+    space, maxc = s.space(), residency_fn(s.backend)
+    tried = {json.dumps(space.replay(t.system_attrs.get("fixed_params", t.params))[1], sort_keys=True)
+             for t in study.get_trials(deepcopy=False)}
+
+    def untried(cands):
+        for p in cands:
+            key = json.dumps(p, sort_keys=True)
+            if key not in tried and _feasible(space, p, s, maxc):
+                tried.add(key)
+                yield p
+
+    picked = list(untried(_improving_moves(space, done, best))) if how is None else []
+    how = "dir" if picked else "scan"
+    if not picked:
+        picked = [p for _, p in zip(range(min(CLIMB_STEP, room)), untried(space.neighbors(best.params)))]
+        if not picked:
+            how = "done"
+    state[str(best.number)] = how
+    study._storage.set_study_system_attr(study._study_id, CLIMBED_ATTR, state)
+    for p in picked[:room]:
+        study.enqueue_trial(p, user_attrs={"climb_from": best.number}, skip_if_exists=True)
+    return min(len(picked), room)
+
+
+def _improving_moves(space, done, best) -> list[dict[str, Any]]:
+    """The best's params with one knob moved one more numeric choice the way it moved in a trial that beat its
+    parent (its climb_from, or the engine default for the initial design's neighbors)."""
+    by_number = {t.number: t for t in done}
+    default = next((t for t in done if t.user_attrs.get("baseline")), None)
+    dirs: dict[str, int] = {}
+    for t in done:
+        parent = by_number.get(t.user_attrs.get("climb_from", default.number if default else -1))
+        if parent is None or parent is t or t.value <= parent.value:
+            continue
+        _, a, choices = space.replay(parent.params)
+        b = space.replay(t.params)[1]
+        moved = [k for k in a if k in b and a[k] != b[k]]
+        if len(moved) == 1 and all(isinstance(o, (int, float)) for o in choices[moved[0]]):
+            k = moved[0]
+            dirs.setdefault(k, 1 if choices[k].index(b[k]) > choices[k].index(a[k]) else -1)
+    _, base, choices = space.replay(best.params)
+    out = []
+    for k, d in dirs.items():
+        if k in base and base[k] in choices[k] and 0 <= choices[k].index(base[k]) + d < len(choices[k]):
+            out.append(space.replay({**base, k: choices[k][choices[k].index(base[k]) + d]})[1])
+    return out
+
+
+class _Climb:
+    """climb() as an Optuna callback (the search without compiles ahead)."""
+
+    def __init__(self, s: Setup, total: int):
+        self.s, self.total = s, total
+
+    def __call__(self, study, trial) -> None:
+        climb(study, self.s, self.total)
+
+
 def fail_trials_of(study, tag: str, reason: str) -> int:
     """FAIL (with `reason`) and re-queue the RUNNING trials claimed by worker `tag`: what an interrupted
     search does on its way out, so its trials are not left RUNNING."""
@@ -560,14 +644,14 @@ def _optimize(s: Setup, study, ctx_args, total_trials: int, left: int, worker_in
         try:
             optimize_ahead(study, _Tagged(Objective(ctx)), total_trials, ahead, pool, ctarget,
                            s.model_spec, payload_extra or {}, timeout=max(timeout, 600.0),
-                           deadline=deadline)
+                           deadline=deadline, climb=lambda: climb(study, s, total_trials))
         finally:
             if pool is not None:
                 pool.close()
     else:
         # refused configs do not count: at most left + REFUSED_FREE x total asks, stopped when counted
         study.optimize(_Tagged(Objective(ctx)), n_trials=left + REFUSED_FREE * total_trials,
-                       catch=(TrialFailed,), callbacks=[_StopWhenCounted(total_trials)],
+                       catch=(TrialFailed,), callbacks=[_Climb(s, total_trials), _StopWhenCounted(total_trials)],
                        gc_after_trial=False, show_progress_bar=False)
 
 
@@ -606,15 +690,15 @@ def _running_count(study) -> int:
 
 def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_target: str | None,
                    model_spec: str, payload_extra: dict[str, Any], timeout: float = 600.0,
-                   deadline: float | None = None) -> None:
+                   deadline: float | None = None, climb: Callable[[], int] | None = None) -> None:
     """study.optimize with compilation ahead: ask `ahead` trials, compile their distinct kernels in the
     pool (compile only, nothing runs on the GPU), and while batch i is measured one by one in the warm
     worker, batch i+1 is asked (constant-liar TPE sees batch i as running) and compiled. Stops when the
     study holds `total` finished trials (counting other processes' running ones, so none overshoots).
     Optuna's heartbeat is kept for every asked trial, so a dead process's trials are failed and re-queued
     exactly as with optimize(). Past `deadline` (a kog.tune.deadline.Deadline, or a time.time() value) no trial
-    starts; asked ones are failed with
-    a reason and re-queued (a later run measures them)."""
+    starts; asked ones are failed with a reason and re-queued (a later run measures them). `climb` (search.climb)
+    runs before each ask."""
     import threading
     from concurrent.futures import wait
     from kog.tune.deadline import as_deadline
@@ -658,6 +742,8 @@ def optimize_ahead(study, objective, total: int, ahead: int, pool, compile_targe
         if deadline is not None and deadline.passed():
             return []
         fail_dead_local_trials(study)     # another search of this study killed meanwhile: its trials
+        if climb is not None:             # the local search's next step, once the queue is empty
+            climb()
         n = min(ahead, max(total - finished_count(study, total) - _running_count(study), waiting_count(study)))
         batch = []
         for _ in range(max(0, n)):
