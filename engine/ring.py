@@ -171,23 +171,39 @@ def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: i
                       tight: bool = False):
     """The GEMV weights as consecutive slot-sized chunks in consumption order (ring_order): chunk i of the
     result is natural chunk order[i]. Same bytes as the checkpoint's matrices, reordered (and padded;
-    tight: short last K steps stored densely, see _matrix_chunks)."""
+    tight: short last K steps stored densely, see _matrix_chunks). Each matrix's chunks go straight to their
+    places in one preallocated buffer: beside the checkpoint only the result and one matrix's chunks are
+    held (a concatenation of all chunks, then a gather, held three padded copies at once)."""
     import torch
     slot = slot_elems(block_k=block_k, bn=bn)
     L0 = weights.layer(0)
     dims = dict(H=L0["wqkv"].shape[1], I=L0["w_down"].shape[1], QS=L0["wo"].shape[1], block_k=block_k, bn=bn)
     bkc = {t: chunk_shape(t, **dims)[1] for t in (T_QKV, T_O, T_GU, T_DOWN, T_LM)}
-    nat = []
-    for layer in range(num_layers):
-        L = weights.layer(layer)
-        nat.append(_matrix_chunks(L["wqkv"], bn[T_QKV], bkc[T_QKV], slot, tight=tight))
-        nat.append(_matrix_chunks(L["wo"], bn[T_O], bkc[T_O], slot, tight=tight))
-        nat.append(_matrix_chunks(L["w_gate"], bn[T_GU], bkc[T_GU], slot, up=L["w_up"], tight=tight))
-        nat.append(_matrix_chunks(L["w_down"], bn[T_DOWN], bkc[T_DOWN], slot, tight=tight))
-    nat.append(_matrix_chunks(weights["lm_head"], bn[T_LM], bkc[T_LM], slot, tight=tight))
-    nat = torch.cat(nat, 0)
-    idx = torch.as_tensor(order, device=nat.device)
-    return nat.index_select(0, idx).reshape(-1)
+
+    def natural():
+        for layer in range(num_layers):
+            L = weights.layer(layer)
+            yield _matrix_chunks(L["wqkv"], bn[T_QKV], bkc[T_QKV], slot, tight=tight)
+            yield _matrix_chunks(L["wo"], bn[T_O], bkc[T_O], slot, tight=tight)
+            yield _matrix_chunks(L["w_gate"], bn[T_GU], bkc[T_GU], slot, up=L["w_up"], tight=tight)
+            yield _matrix_chunks(L["w_down"], bn[T_DOWN], bkc[T_DOWN], slot, tight=tight)
+        yield _matrix_chunks(weights["lm_head"], bn[T_LM], bkc[T_LM], slot, tight=tight)
+
+    order = np.asarray(order, dtype=np.int64)
+    at = np.argsort(order, kind="stable")        # result positions, by the natural chunk they take
+    src = order[at]
+    out = None
+    n0 = 0
+    for c in natural():
+        if out is None:
+            out = torch.empty((len(order), slot), dtype=c.dtype, device=c.device)
+        lo, hi = np.searchsorted(src, n0), np.searchsorted(src, n0 + c.shape[0])
+        if hi > lo:
+            out[torch.as_tensor(at[lo:hi], device=c.device)] = c[torch.as_tensor(src[lo:hi] - n0, device=c.device)]
+        n0 += c.shape[0]
+    if len(order) and (order.min() < 0 or order.max() >= n0):
+        raise ValueError(f"ring order names chunk {int(order.max())} of {n0}")
+    return out.reshape(-1)
 
 
 def ring_chunk_bytes(tasks: np.ndarray, cta_start: np.ndarray, *, H: int, I: int, QS: int, block_k: int,
