@@ -142,7 +142,8 @@ def main() -> int:
             rc = cli_search(args)
         lines = [ln for ln in buf.getvalue().splitlines() if ln.strip().startswith("{")]
         summ = json.loads(lines[-1]) if lines else {}
-        R["search"] = {"rc": rc, "search_s": round(time.time() - t, 1), **search_stats(out / "search.db", a.model, a.study),
+        R["search"] = {"rc": rc, "search_s": round(time.time() - t, 1),
+                       **search_stats(out / "search.db", a.model, a.study),
                        "summary": {k: summ.get(k) for k in ("trials", "states", "fail_kinds", "best", "stored",
                                                             "run", "report")}}
     except Exception as e:

@@ -98,9 +98,10 @@ def kernel_constants(cfg: ModelConfig, e: EngineConfig, *, attn_splits: int, gri
         slotb, bkc_x = slot_bytes(block_k=e.block_k, bn=phase_bn(e)), kernel_chunk_cols(**dims)["BKC_X"]
         sizes = padded_fraction(**dims) > 0
     nr, xr, vr = tp or (1, 1, 0)
-    tiling = LY.Tiling(WAIT=e.mode == "targeted", **gemv_specs(cfg, e, rows_per_counter, tp is not None), BT=e.attn_dot_tile(),
-                       SPLIT=e.attn_block, GPOW=_next_pow2(grid), SAMPLE=sample, FILTER_BV=4 * e.num_warps,
-                       TRACE=bool(trace), ATRACE=bool(trace and attn_stamps), VENDOR=vendor, TPC=int(e.tp_compat),
+    tiling = LY.Tiling(WAIT=e.mode == "targeted", **gemv_specs(cfg, e, rows_per_counter, tp is not None),
+                       BT=e.attn_dot_tile(), SPLIT=e.attn_block, GPOW=_next_pow2(grid), SAMPLE=sample,
+                       FILTER_BV=4 * e.num_warps, TRACE=bool(trace), ATRACE=bool(trace and attn_stamps), VENDOR=vendor,
+                       TPC=int(e.tp_compat),
                        RING=ring, SLOTB=slotb, RING_SIZES=sizes, BKC_X=bkc_x, TAGQKV=bool(ring), TP=tp is not None,
                        NR=nr, XR=xr, VR=vr)
     opts: dict[str, Any] = {"num_warps": e.num_warps}
@@ -368,7 +369,8 @@ class Monokernel:
 
     def constants(self, sample: int, trace: bool) -> tuple:
         return kernel_constants(self.cfg, self.ecfg, attn_splits=self.attn_splits, grid=self.plan.grid,
-                                rows_per_counter=self.plan.rows_per_counter, vendor=self.vendor, sample=sample, trace=trace, attn_stamps=self.attn_stamps)
+                                rows_per_counter=self.plan.rows_per_counter, vendor=self.vendor, sample=sample,
+                                trace=trace, attn_stamps=self.attn_stamps)
 
     def _launch(self, first_token: int, pos0: int, n: int, forced: torch.Tensor | None, temperature: float,
                 top_k: int, top_p: float, seed: int, write_logits: bool, trace: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -138,8 +138,8 @@ class _Rank(Monokernel):
     def constants(self, sample: int, trace: bool) -> tuple:
         o = self._owner
         return kernel_constants(self.cfg, self.ecfg, attn_splits=self.attn_splits, grid=self.plan.grid,
-                                rows_per_counter=self.plan.rows_per_counter, vendor=self.vendor, sample=sample, trace=trace,
-                                tp=(o.G, o.exchange_rows, o.cfg.vocab_size))
+                                rows_per_counter=self.plan.rows_per_counter, vendor=self.vendor, sample=sample,
+                                trace=trace, tp=(o.G, o.exchange_rows, o.cfg.vocab_size))
 
     def _check_error(self) -> None:
         err = self.err.cpu().tolist()

@@ -105,9 +105,9 @@ class Space:
 
     def neighbors(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The params one knob away from `params`, in suggest()'s order: each numeric knob moved to the
-        choices on either side of its value, each named one (mode, mapping) to every other choice. A local search's first steps: the engine default is built by rules
-        that are a local optimum on the shapes they were measured on, and one knob moved is where a new
-        shape most often differs (docs/tuning.md)."""
+        choices on either side of its value, each named one (mode, mapping) to every other choice. A local
+        search's first steps: the engine default is built by rules that are a local optimum on the shapes
+        they were measured on, and one knob moved is where a new shape most often differs (docs/tuning.md)."""
         _, base, choices = self.replay(params)
         out: list[dict[str, Any]] = []
         seen = {json.dumps(base, sort_keys=True)}
