@@ -162,11 +162,18 @@ def sim_if_compiled(payload, report):
     return out
 
 
+HILL_TOP = dict(mode="targeted", ctas_per_sm=2, num_warps=4, block_k=512, bn_qkv=32, bn_o=8, bn_gate_up=4,
+                bn_down=8, bn_lm=8, sync_rows=4096, mapping="round-robin", attn_block=64, weight_ring=3)
+
+
 def two_knob_hill(payload, report):
-    """tok/s that rises as block_k nears 512 and bn_qkv nears 32 (100 a choice step away), simulated otherwise:
-    the local search must walk there one knob at a time."""
+    """tok/s 1000 at HILL_TOP (the sm_90 rule for llama-3.2-1b with block_k 512 and bn_qkv 32: four choice
+    steps from it), 50 less per power of two any knob is away from it (per other choice for mode and mapping):
+    a local search walks there one knob at a time, random configs land far below."""
     import math
     c = payload["config"]
-    v = 1000.0 - 100.0 * (abs(math.log2(c["block_k"] / 512)) + abs(math.log2(c["bn_qkv"] / 32)))
+    steps = sum(abs(math.log2(max(c[k], 1) / max(v, 1))) if isinstance(v, int) else float(c[k] != v)
+                for k, v in HILL_TOP.items())
+    v = 1000.0 - 50.0 * steps
     report(0, v)
     return {"value": v, "breakdown": {}, "max_rel_err": 0.0, "simulated": True}
