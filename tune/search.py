@@ -10,6 +10,9 @@ Every trial runs isolated from the study (kog.tune.isolation), in one warm worke
 replaced after any failure that may have poisoned it. On the GPU the trials are asked a few at a time and
 their kernels compile in parallel processes while the previous few are measured (optimize_ahead).
 
+Order of trials in a new study: the engine default, its valid one-knob neighbors and random configs up to 8
+(initial_design), then a local search from each new best (climb), then the sampler.
+
 Tensor parallelism (--tp 1,2,4, --exchange-rows, --gpus; kog.tune.space's docstring): the degrees must be
 powers of two <= 8 and, on the GPU, at most torch.cuda.device_count() (UsageError before the study starts);
 under --backend sim the simulated host has --gpus GPUs (default 8). A TP trial uses GPUs 0..G-1 of its
