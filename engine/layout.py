@@ -105,7 +105,8 @@ EngineArgs = namedtuple("EngineArgs", "max_seq window fnorm_off eps sm_scale att
 Shape = namedtuple("Shape", "H I V L HD NKV G GP GH SP QS KVS HAS_BIAS QK_NORM")
 # one GEMV phase: K, rows per task, columns per K step (the ring's chunk or the direct path's block), RMS-normed
 # input, gate and up rows together, input kept in registers as float pairs (XRAW) or model-dtype words (XW),
-# the weight matrix (woff column) and the tensor-parallel slices its rows are reduced in (tp_compat)
+# the weight matrix (woff column), the tensor-parallel slices its rows are reduced in (tp_compat), and the rows
+# per readiness counter of its input buffer (the plan's rows_per_counter)
 GemvSpec = namedtuple("GemvSpec", "K BN BK NORM GU XRAW XW WCOL RANKS R")
 Tiling = namedtuple("Tiling", "WAIT QKV O GU DOWN LM BT SPLIT GPOW SAMPLE FILTER_BV TRACE ATRACE VENDOR TPC "
                     "RING SLOTB RING_SIZES BKC_X TAGQKV TP NR XR VR")
