@@ -251,3 +251,26 @@ def test_initial_design_is_the_default_then_its_valid_neighbors(tmp_path, monkey
     base = sp.replay(design[0])[1]
     near = [p for p in sp.neighbors(base) if _feasible(sp, p, s, residency_fn(s.backend))]
     assert len(near) >= 10 and design[1:1 + len(near)] == near and len(design) == max(8, 1 + len(near))
+
+
+def test_every_builtin_entry_names_its_committed_study():
+    """kog's own table (tune/data/builtin_tuned.json): each entry comes from a GPU study whose export is
+    committed, is that study's measured trial (same config, same tok/s), beats the study's engine-default
+    trial by the gain it states (>= 1%), and is the config builtin_config gives for its device and shape."""
+    from kog.engine.config import PRESETS
+    from kog.tune.store import engine_config
+    repo = Path(__file__).resolve().parents[1]
+    entries = json.loads(store.BUILTIN.read_text())["entries"]
+    for key, e in entries.items():
+        src = e["source"]
+        assert src["backend"] == "gpu" and src["study"], key
+        doc = json.loads((repo / src["from"]).read_text())
+        trials = {t["number"]: t for t in doc["trials"]}
+        best, dflt = trials[src["trial"]], trials[src["engine_default_trial"]]
+        assert best["state"] == "COMPLETE" and dflt["state"] == "COMPLETE", key
+        assert abs(best["value"] - e["tok_per_s"]) < 0.01 and abs(dflt["value"] - src["engine_default_tok_per_s"]) < 0.01
+        assert engine_config(best["config"]) == engine_config(e["config"]), key
+        assert src["gain"] >= 0.01 and abs(best["value"] / dflt["value"] - 1 - src["gain"]) < 1e-3, key
+        m = PRESETS[e["model"]]
+        assert store.shape_signature(m) == e["shape"] and store.builtin_config(e["device"], m) == engine_config(
+            e["config"]), key
