@@ -192,11 +192,10 @@ def pack_ring_weights(weights, num_layers: int, order: np.ndarray, *, block_k: i
     order = np.asarray(order, dtype=np.int64)
     at = np.argsort(order, kind="stable")        # result positions, by the natural chunk they take
     src = order[at]
-    out = None
+    lm = weights["lm_head"]
+    out = torch.empty((len(order), slot), dtype=lm.dtype, device=lm.device)
     n0 = 0
     for c in natural():
-        if out is None:
-            out = torch.empty((len(order), slot), dtype=c.dtype, device=c.device)
         lo, hi = np.searchsorted(src, n0), np.searchsorted(src, n0 + c.shape[0])
         if hi > lo:
             out[torch.as_tensor(at[lo:hi], device=c.device)] = c[torch.as_tensor(src[lo:hi] - n0, device=c.device)]

@@ -249,7 +249,7 @@ def test_initial_design_is_the_default_then_its_valid_neighbors(tmp_path, monkey
     design = initial_design(s, 8)
     assert _is_default(s, design[0])
     base = sp.replay(design[0])[1]
-    near = [p for p in sp.neighbors(base) if _feasible(sp, p, s, residency_fn(s.backend))]
+    near = [p for p in sp.neighbors(base) if _feasible(sp.replay(p)[0], p, s, residency_fn(s.backend))]
     assert len(near) >= 10 and design[1:1 + len(near)] == near and len(design) == max(8, 1 + len(near))
 
 

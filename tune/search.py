@@ -495,7 +495,7 @@ def climb(study, s: Setup, total: int) -> int:
     def untried(cands):
         for p in cands:
             key = json.dumps(p, sort_keys=True)
-            if key not in tried and _feasible(space, p, s, maxc):
+            if key not in tried and _feasible(space.replay(p)[0], p, s, maxc):
                 tried.add(key)
                 yield p
 
@@ -515,6 +515,7 @@ def climb(study, s: Setup, total: int) -> int:
 def _improving_moves(space, done, best) -> list[dict[str, Any]]:
     """The best's params with one knob moved one more numeric choice the way it moved in a trial that beat its
     parent (its climb_from, or the engine default for the initial design's neighbors)."""
+    from kog.tune.space import ordered
     by_number = {t.number: t for t in done}
     default = next((t for t in done if t.user_attrs.get("baseline")), None)
     dirs: dict[str, int] = {}
@@ -525,7 +526,7 @@ def _improving_moves(space, done, best) -> list[dict[str, Any]]:
         _, a, choices = space.replay(parent.params)
         b = space.replay(t.params)[1]
         moved = [k for k in a if k in b and a[k] != b[k]]
-        if len(moved) == 1 and all(isinstance(o, (int, float)) for o in choices[moved[0]]):
+        if len(moved) == 1 and ordered(choices[moved[0]]):
             k = moved[0]
             dirs.setdefault(k, 1 if choices[k].index(b[k]) > choices[k].index(a[k]) else -1)
     _, base, choices = space.replay(best.params)
@@ -926,7 +927,7 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     default first, then every valid config one knob away from it (Space.neighbors), then random ones up to
     `n` in all."""
     import optuna
-    from kog.tune.space import Infeasible, check, check_tp, residency_fn, tp_from_params
+    from kog.tune.space import Infeasible, check, residency_fn
     from kog.tune.store import RETIRED_FIELDS
     space = s.space()
     maxc = residency_fn(s.backend)
@@ -941,12 +942,9 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
             p.pop("sync_rows")
         if len(space.tp_degrees) > 1:
             p["tp_degree"] = 1            # the engine default runs on one GPU
-        out.append(p)
-        seen.add(json.dumps(p, sort_keys=True))
-        for q in space.neighbors(p):
-            if _feasible(space, q, s, maxc) and json.dumps(q, sort_keys=True) not in seen:
-                seen.add(json.dumps(q, sort_keys=True))
-                out.append(q)
+        # Space.neighbors gives each one-knob move once, none of them the default itself
+        out += [p] + [q for q in space.neighbors(p) if _feasible(space.replay(q)[0], q, s, maxc)]
+        seen.update(json.dumps(q, sort_keys=True) for q in out)
     except Infeasible:
         pass
     st = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
@@ -954,12 +952,7 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     while len(out) < n and tries < 50 * n:
         tries += 1
         t = st.ask()
-        cfg = space.suggest(t)
-        try:
-            check(cfg, s.model, s.sms, maxc)
-            g, x = tp_from_params(t.params)
-            check_tp(cfg, s.model, g, x, s.gpus, s.sms, maxc)
-        except Infeasible:
+        if not _feasible(space.suggest(t), t.params, s, maxc):
             continue
         key = json.dumps(t.params, sort_keys=True)
         if key not in seen:
@@ -968,13 +961,14 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-def _feasible(space, params: dict[str, Any], s: Setup, maxc) -> bool:
-    """Whether the config `params` replays to passes the constraints (no launch)."""
+def _feasible(cfg, params: dict[str, Any], s: Setup, maxc) -> bool:
+    """Whether `cfg` (what `params` suggest) with the params' tensor-parallel choices passes the constraints
+    (no launch)."""
     from kog.tune.space import Infeasible, check, check_tp, tp_from_params
     try:
-        check(space.replay(params)[0], s.model, s.sms, maxc)
+        check(cfg, s.model, s.sms, maxc)
         g, x = tp_from_params(params)
-        check_tp(space.replay(params)[0], s.model, g, x, s.gpus, s.sms, maxc)
+        check_tp(cfg, s.model, g, x, s.gpus, s.sms, maxc)
     except Infeasible:
         return False
     return True

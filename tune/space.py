@@ -115,7 +115,7 @@ class Space:
             if base[name] not in opts:
                 continue
             i = opts.index(base[name])
-            if all(isinstance(o, (int, float)) for o in opts):
+            if ordered(opts):
                 moves = [opts[j] for j in (i - 1, i + 1) if 0 <= j < len(opts)]
             else:
                 moves = [o for o in opts if o != base[name]]
@@ -126,6 +126,11 @@ class Space:
                     seen.add(key)
                     out.append(p)
         return out
+
+
+def ordered(options) -> bool:
+    """Whether a knob's choices are numbers in order (a step moves to a neighbouring one), not names."""
+    return all(isinstance(o, (int, float)) for o in options)
 
 
 def ring_capable(device) -> bool:
