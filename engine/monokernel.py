@@ -172,7 +172,9 @@ class Monokernel:
                  trace_tokens: int = 0, compile_only: bool = False, attn_stamps: bool = False):
         if self.CHECK_WEIGHTS:
             from kog.engine.weights import check_weights
-            check_weights(cfg, weights)       # a missing, misshapen or NaN tensor: one line, before any packing
+            # a missing, misshapen or NaN tensor: one line, before any packing (compile_only may be given
+            # placeholder_weights: shapes only, nothing to scan)
+            check_weights(cfg, weights, finite=not compile_only)
         try:
             self._build(cfg, weights, ecfg, device, max_seq, sm_partition, trace_tokens, compile_only, attn_stamps)
             return
@@ -246,7 +248,8 @@ class Monokernel:
 
         def add(t: torch.Tensor) -> int:
             nonlocal o
-            mats.append(t.contiguous().view(-1))
+            if not self.compile_only:       # compile_only packs no weights (a placeholder buffer below)
+                mats.append(t.contiguous().view(-1))
             start, o = o, o + t.numel()
             assert start % 64 == 0, "every matrix must start 128-byte aligned"
             return start // 64

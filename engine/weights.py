@@ -342,6 +342,30 @@ def random_weights(cfg: ModelConfig, device="cpu", seed: int = 0, dtype=None) ->
     return w
 
 
+def placeholder_weights(cfg: ModelConfig, device="cpu") -> Weights:
+    """Every canonical tensor at its shape in the model's dtype, all views (stride 0) of one zeroed 128-byte
+    line: what compiling the engine's kernel needs (dtypes, shapes, a 128-byte aligned address), without
+    the model's bytes (kogtune's compile processes). Every value is 0: never for computing."""
+    dt = getattr(torch, _model_dtype(cfg, None))
+    line = torch.zeros(128 // torch.tensor([], dtype=dt).element_size(), dtype=dt, device=device)
+    w = Weights()
+    for name, shape in expected_shapes(cfg).items():
+        w[name] = line[:1].expand(shape)
+    if cfg.tie_word_embeddings:
+        w["lm_head"] = w["embed"]
+    return w
+
+
+def resolve_config(spec: str | os.PathLike, dtype=None) -> ModelConfig:
+    """The config resolve_model returns for `spec`, without reading or making any weights."""
+    where = locate_model(spec)
+    if isinstance(where, Path):
+        cfg = read_config(where)
+        return cfg.replace(dtype=_model_dtype(cfg, dtype)).validate()     # as load_checkpoint
+    cfg = preset(where)
+    return cfg.replace(dtype=_model_dtype(cfg, dtype)) if dtype is not None else cfg
+
+
 def resolve_model(spec: str | os.PathLike, device="cpu", seed: int = 0, dtype=None) -> tuple[ModelConfig, Weights]:
     """A preset name (random weights), an HF checkpoint directory or a Hub id in the local Hugging Face cache
     (locate_model) -> (config, weights)."""

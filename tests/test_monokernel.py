@@ -493,6 +493,34 @@ def test_compile_only_engine_differs_only_in_its_weight_buffer(ring):
     assert all(same(x, y) for x, y in zip(a_real[1:], a_stub[1:]))
 
 
+@pytest.mark.parametrize("ring", [0, 2])
+def test_compile_only_engine_over_placeholder_weights_has_the_real_signature(ring):
+    """What kogtune's compile processes build (kog.tune.objective.compile_state): a compile_only engine over
+    placeholder_weights, one 128-byte line for the whole model. Every launch argument has the real engine's
+    dtype and shape and every constexpr and integer its value, so the variant compiled is the one the
+    measured trial launches."""
+    from kog.engine.weights import placeholder_weights, resolve_config
+    cfg = resolve_config("tiny", dtype="float32")
+    pw = placeholder_weights(cfg)
+    assert len({t.untyped_storage().data_ptr() for t in pw.values()}) == 1
+    assert pw["lm_head"] is pw["embed"] if cfg.tie_word_embeddings else pw["lm_head"].shape[0] == cfg.vocab_size
+    e = SMALL_TILES.replace(weight_ring=ring, block_k=128)
+    real = Monokernel(cfg, random_weights(cfg, "cpu", seed=3), e, max_seq=64)
+    stub = Monokernel(cfg, pw, e, max_seq=64, compile_only=True)
+    a_real, o_real = real._launch_args(5, 3, 4, None, 0.0, 0, 1.0, 0, True, False)
+    a_stub, o_stub = stub._launch_args(5, 3, 4, None, 0.0, 0, 1.0, 0, True, False)
+    assert o_real == o_stub
+
+    def alike(x, y):
+        if isinstance(x, tuple):
+            return type(x) is type(y) and len(x) == len(y) and all(alike(a, b) for a, b in zip(x, y))
+        if isinstance(x, torch.Tensor):
+            return x.dtype == y.dtype and (x is real.wbuf or x.shape == y.shape)
+        return x == y
+
+    assert alike(a_real, a_stub)
+
+
 def test_ctas_per_sm_fit_counts_allocation_granularity():
     """The fallback occupancy estimate (no driver call: the interpreter, AMD) rounds registers to the
     per-warp allocation unit and adds the driver's 1 KiB per CTA of shared memory: the plain n_regs x threads

@@ -268,21 +268,22 @@ def test_unclaimed_running_trial_is_reaped_after_the_grace(monkeypatch):
 
 
 def test_compile_processes_bounded_by_gpu_memory(monkeypatch):
-    """Each compile process keeps the model's weights and a CUDA context on the GPU: the pool is no larger
-    than the free memory holds after the measuring worker's ~4x the weights (an H200 search with 14 of them
-    beside the ring engine's packing ran out of memory); without NVML the CPU count alone decides."""
+    """Each compile process holds a CUDA context and an engine's small buffers (~1 GiB, no weights): the pool
+    is no larger than the free memory holds after the measuring worker's ~4x the weights (an H200 search
+    with 14 processes beside the ring engine's packing ran out of memory); without NVML the CPU count
+    alone decides."""
     from kog.engine.config import preset
     from kog.tune import search
     monkeypatch.setattr(search.os, "cpu_count", lambda: 16)
     m = preset("llama-3.2-1b")
-    w = m.num_params() * 2 + (1 << 30)
+    measuring, gib = 4 * m.num_params() * 2, 1 << 30
     monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: None)
     assert search.default_compile_processes(m) == 14
     monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: 140 * 10**9)
     assert search.default_compile_processes(m) == 14
-    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: 8 * w)
+    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: measuring + 4 * gib + gib // 2)
     assert search.default_compile_processes(m) == 4
-    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: 2 * w)
+    monkeypatch.setattr(search, "gpu_free_bytes", lambda index=0: measuring)
     assert search.default_compile_processes(m) == 1
     assert search.default_compile_processes() == 14      # no model: cores only
 

@@ -7,7 +7,7 @@ engine kog.engine.tp_monokernel.TPMonokernel over cuda:0..G-1 instead), reports 
 `repeats` runs (TRIAL_DEFAULTS: 128 tokens x 3). In a warm worker (isolation.WarmWorker) the weights, the
 prompt and the reference logits are made once per process (model_state, kept in kog.tune.worker.CACHE),
 so a trial costs the Monokernel build, the gate and the timed runs. `precompile_one` compiles the kernel
-variants of a config without running them. `sim_trial` does the same with the simulator's prediction.
+variants of a config without running them (over placeholder weights: compile_state). `sim_trial` does the same with the simulator's prediction.
 
 Parent side: `Objective(ctx)(trial)` samples a config, rejects impossible ones before any launch
 (PRUNED, reason in user attr 'fail_reason'), runs the child through kog.tune.isolation (ctx.runner: a warm
@@ -104,17 +104,41 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
         for k in [k for k in CACHE if isinstance(k, tuple) and k[:1] == ("model",)]:
             del CACHE[k]
         model, weights = resolve_model(payload["model"], device=device, seed=seed, dtype=dtype)
-        g = torch.Generator().manual_seed(seed)
-        V = model.vocab_size
-        prompt = torch.randint(0, V, (int(_opt(payload, "prompt_tokens")),), generator=g).tolist()
-        forced = torch.randint(0, V, (int(_opt(payload, "gate_tokens")),), generator=g).tolist()
-        st = CACHE[key] = {"model": model, "weights": weights, "prompt": prompt, "forced": forced, "ref": None}
+        st = CACHE[key] = {"model": model, "weights": weights, **_tokens(payload, model.vocab_size), "ref": None}
     if gate and st["ref"] is None:
         from kog.engine.reference import Reference
         # the oracle: the reference computed in float32 over the same weights (kog.tune.bench's max_rel_err)
         st["ref"] = Reference(st["model"], st["weights"], compute_dtype=torch.float32).teacher_forced_logits(
             st["prompt"], st["forced"]).float()
     return st
+
+
+def _tokens(payload: dict[str, Any], vocab_size: int) -> dict[str, list[int]]:
+    """The prompt and the teacher-forced tokens of the payload's seed."""
+    import torch
+    g = torch.Generator().manual_seed(int(_opt(payload, "seed")))
+    prompt = torch.randint(0, vocab_size, (int(_opt(payload, "prompt_tokens")),), generator=g).tolist()
+    forced = torch.randint(0, vocab_size, (int(_opt(payload, "gate_tokens")),), generator=g).tolist()
+    return {"prompt": prompt, "forced": forced}
+
+
+def compile_state(payload: dict[str, Any]) -> dict[str, Any]:
+    """What precompile_one builds its engines from: the payload's model config, placeholder weights
+    (kog.engine.weights.placeholder_weights: the compile needs their shapes, dtype and alignment, not their
+    bytes, so a compile process holds a CUDA context and the engine's small buffers, not a copy of the
+    model), and the prompt and forced tokens of model_state. Kept in kog.tune.worker.CACHE as model_state."""
+    from kog.engine.weights import placeholder_weights, resolve_config
+    from kog.tune.worker import CACHE
+    device, dtype = payload.get("device", "cuda"), payload.get("dtype")
+    key = ("shapes", payload["model"], int(_opt(payload, "seed")), device, dtype,
+           int(_opt(payload, "prompt_tokens")), int(_opt(payload, "gate_tokens")))
+    if key not in CACHE:
+        for k in [k for k in CACHE if isinstance(k, tuple) and k[:1] == ("shapes",)]:
+            del CACHE[k]
+        model = resolve_config(payload["model"], dtype=dtype)
+        CACHE[key] = {"model": model, "weights": placeholder_weights(model, device),
+                      **_tokens(payload, model.vocab_size)}
+    return CACHE[key]
 
 
 def sm_partition(payload: dict[str, Any]) -> dict[int, int] | None:
@@ -239,7 +263,7 @@ def precompile_one(payload: dict[str, Any], report: Callable[[int, float], None]
         # loop waiting; a TP trial compiles on its first (gate) launch instead (search skips it here too)
         return {"value": time.perf_counter() - t0, "compiled": 0, "failed": [], "kernel_regs": [],
                 "skipped": "tensor-parallel config: compiled by its trial"}
-    st = model_state(payload, gate=False)
+    st = compile_state(payload)
     cfgs = payload.get("configs") or [payload["config"]]
     interp = vendor_code() == INTERPRET   # nothing to compile: the interpreter runs the Python source
     done, failed, regs = 0, [], []

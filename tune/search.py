@@ -664,14 +664,14 @@ AHEAD = 8        # trials asked (and compiled) ahead per batch in a gpu search
 
 def default_compile_processes(model=None) -> int:
     """Parallel compile processes: the CPU cores less two (the measuring worker, the study process), and,
-    given the model (a ModelConfig), no more than GPU 0's free memory holds: each compile process keeps the
-    model's weights and a CUDA context on the GPU (its engine's weight buffer is a placeholder: compile_only),
-    and the measuring worker's engine needs ~4x the weights at its peak (weights, ring packing, reference)."""
+    given the model (a ModelConfig), no more than GPU 0's free memory holds once the measuring worker's
+    engine has its ~4x the weights at its peak (weights, ring packing, reference). A compile process holds
+    a CUDA context and an engine's small buffers, no weights (objective.compile_state: placeholders)."""
     n = max(1, min(16, (os.cpu_count() or 3) - 2))
     free = gpu_free_bytes()
     if model is not None and free is not None:
-        w = model.num_params() * 2 + (1 << 30)             # 16-bit weights + a context and its buffers
-        n = max(1, min(n, int((free - 4 * w) // w)))
+        per_process = 1 << 30                              # a context, the KV cache and the engine's buffers
+        n = max(1, min(n, int((free - 4 * model.num_params() * 2) // per_process)))
     return n
 
 
