@@ -333,3 +333,29 @@ def test_search_climbs_one_knob_at_a_time_from_the_default(env):
     assert climbed and all(st.trials[t.user_attrs["climb_from"]].value is not None for t in climbed)
     keys = [json.dumps(t.params, sort_keys=True) for t in st.trials if t.state.is_finished()]
     assert len(keys) == len(set(keys))       # no config measured twice
+
+
+def test_pruner_cuts_only_configs_clearly_behind_the_best():
+    """A short measurement within PRUNE_MARGIN of the best completed trial's gets its full measurement, however
+    many completed trials sit between them (a percentile bar over the completed trials, the survivors, rose
+    until the best's one-knob neighbors were cut on noise); one further behind is pruned; none before the
+    startup trials."""
+    import optuna
+    from kog.tune.search import PRUNE_MARGIN, make_pruner
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", pruner=make_pruner())
+
+    def objective(t):
+        v = t.suggest_float("v", 0.0, 200.0)
+        t.report(v, 0)
+        if t.should_prune():
+            raise optuna.TrialPruned()
+        return v
+
+    first = [50.0, 100.0] + [99.0 - i for i in range(10)]      # the startup trials complete, slow ones too
+    close, behind = 100.0 * (1 - PRUNE_MARGIN / 2), 100.0 * (1 - 2 * PRUNE_MARGIN)
+    for v in first + [close, behind]:
+        study.enqueue_trial({"v": v})
+    study.optimize(objective, n_trials=len(first) + 2)
+    state = {t.params["v"]: t.state.name for t in study.trials}
+    assert state[50.0] == "COMPLETE" and state[close] == "COMPLETE" and state[behind] == "PRUNED"
