@@ -361,6 +361,8 @@ def resolve_config(spec: str | os.PathLike, dtype=None) -> ModelConfig:
     where = locate_model(spec)
     if isinstance(where, Path):
         cfg = read_config(where)
+        if not Path(spec).is_dir():         # a Hub id names it, as resolve_model (the snapshot's directory
+            cfg = cfg.replace(name=str(spec))   # is a commit hash)
         return cfg.replace(dtype=_model_dtype(cfg, dtype)).validate()     # as load_checkpoint
     cfg = preset(where)
     return cfg.replace(dtype=_model_dtype(cfg, dtype)) if dtype is not None else cfg
@@ -371,7 +373,8 @@ def resolve_model(spec: str | os.PathLike, device="cpu", seed: int = 0, dtype=No
     (locate_model) -> (config, weights)."""
     where = locate_model(spec)
     if isinstance(where, Path):
-        return load_checkpoint(where, device, dtype)
+        cfg, w = load_checkpoint(where, device, dtype)
+        return (cfg if Path(spec).is_dir() else cfg.replace(name=str(spec))), w    # a Hub id names it
     cfg = preset(where)
     if dtype is not None:
         cfg = cfg.replace(dtype=_model_dtype(cfg, dtype))

@@ -359,3 +359,38 @@ def test_pruner_cuts_only_configs_clearly_behind_the_best():
     study.optimize(objective, n_trials=len(first) + 2)
     state = {t.params["v"]: t.state.name for t in study.trials}
     assert state[50.0] == "COMPLETE" and state[close] == "COMPLETE" and state[behind] == "PRUNED"
+
+
+def test_search_takes_a_cached_hub_id_as_the_engine_does(env, tmp_path, monkeypatch, capsys):
+    """`kogtune search --model org/name` resolves a Hub id from the local Hugging Face cache, offline, as
+    Engine.from_pretrained and `kogtune bench` do (it refused every Hub id as an unknown preset), with the
+    config the engine loads; one that is not cached is one line and exit 2."""
+    import shutil
+    from huggingface_hub import constants
+    from kog.engine.config import preset
+    from kog.engine.weights import random_weights, save_checkpoint
+    from kog.tune.space import resolve_model_config
+    cfg = preset("tiny").replace(dtype="float32")
+    ckpt = save_checkpoint(cfg, random_weights(cfg, "cpu", 0), tmp_path / "ckpt")
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))          # the trial processes read the cache from the env
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--acme--tiny-llama"
+    shutil.copytree(ckpt, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    got = resolve_model_config("acme/tiny-llama")
+    assert (got.hidden_size, got.num_layers, got.vocab_size) == (cfg.hidden_size, cfg.num_layers, cfg.vocab_size)
+    # named by the Hub id; a float32 checkpoint is searched in the bfloat16 the engine loads it in (the search
+    # space and its constraints followed the file's float32, where the weight ring is refused)
+    assert got.name == "acme/tiny-llama" and got.dtype == "bfloat16"
+    assert resolve_model_config(str(ckpt)).dtype == "bfloat16"
+    assert main(["search", "--backend", "sim", "--model", "acme/tiny-llama", "--trials", "2", "--json",
+                 "--runs-dir", str(env / "runs")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["trials"] == 2
+    assert main(["search", "--backend", "sim", "--model", "acme/not-cached", "--trials", "2",
+                 "--runs-dir", str(env / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "acme/not-cached" in err and "\n" not in err

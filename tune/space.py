@@ -159,15 +159,13 @@ def build_space(model: ModelConfig, has_scan: bool = True, ring: bool = False) -
 
 
 def resolve_model_config(spec: str) -> ModelConfig:
-    """A preset name or an HF checkpoint directory -> ModelConfig (ConfigError, one line, otherwise).
-    Reads only config.json: no weights, no torch for presets."""
+    """A preset name, an HF checkpoint directory or a Hub id in the local Hugging Face cache (what the engine
+    and `kogtune bench` accept: kog.engine.weights.locate_model) -> ModelConfig (ConfigError, one line,
+    otherwise). Reads only config.json: no weights, no torch for presets."""
     if spec in PRESETS:
         return preset(spec)
-    from pathlib import Path
-    if Path(spec).is_dir():
-        from kog.engine.weights import read_config
-        return read_config(spec)
-    return preset(spec)   # raises ConfigError naming the presets
+    from kog.engine.weights import resolve_config
+    return resolve_config(spec)     # a checkpoint's dtype as the engine loads it (float32 on disk: bfloat16)
 
 
 def hardware_max_ctas_per_sm(cfg: EngineConfig, threads_per_sm: int = 2048) -> int:
