@@ -467,6 +467,25 @@ def test_tagged_qkv_handoff_replaces_the_qkv_counters():
 
 
 @pytest.mark.parametrize("ring", [0, 2])
+def test_bfloat16_weights_in_the_interpreter(ring):
+    """bfloat16 weights, the presets' dtype, through the Triton interpreter: within the correctness gate of the
+    float32 reference and the same greedy tokens. The interpreter's tl.dot multiplied bfloat16 bit patterns
+    (triton-lang/triton#11584), so the attention of every bfloat16 model on the CPU was garbage (rel. error
+    1.7, other tokens) while the float32 tests passed; kernel.vendor.dot upcasts there."""
+    w = random_weights(TINY, "cpu", seed=0)
+    assert w.dtype == torch.bfloat16
+    e = SMALL_TILES.replace(weight_ring=ring, block_k=128 if ring else SMALL_TILES.block_k)
+    prompt, forced = [1, 2, 3], [5, 6, 7]
+    ref = Reference(TINY, w, 32, compute_dtype=torch.float32)
+    want = ref.teacher_forced_logits(prompt, forced).float()
+    mk = Monokernel(TINY, w, e, max_seq=32)
+    got = mk.teacher_forced_logits(prompt, forced).float()
+    assert float((got - want).abs().max() / want.abs().max()) < 2e-2
+    mk.n_eos = 0
+    assert mk.generate(prompt, 3)[0] == Reference(TINY, w, 32, compute_dtype=torch.float32).greedy(prompt, 3)
+
+
+@pytest.mark.parametrize("ring", [0, 2])
 def test_compile_only_engine_differs_only_in_its_weight_buffer(ring):
     """compile_only (what kogtune's parallel compile processes build): the streamed weight buffer is a
     128-byte placeholder of the weights' dtype, every other launch argument and every constexpr is the real

@@ -19,7 +19,7 @@ from kog.engine.kernel.names import ACT_ATTN, ACT_QKV, BUF_QKV, P_KNORM, P_QNORM
 from kog.engine.kernel.numerics import rnd
 from kog.engine.kernel.sync import Pending, tag_wait, tagged_value, wait_rows
 from kog.engine.kernel.trace import attn_stamp
-from kog.engine.kernel.vendor import global_time_after, global_time_ns, ring_prefetch_l2
+from kog.engine.kernel.vendor import dot, global_time_after, global_time_ns, ring_prefetch_l2
 
 # a split's view of its KV head's cache: K and V bases, and the first tile's K and V (loaded before the wait)
 CacheView = namedtuple("CacheView", "k v k0 v0")
@@ -148,19 +148,19 @@ def _cache_block(kbase, vbase, p0, pos, HD: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr):
+def _attn_block(qb, kb, vb, p0, pos, m_i, l_i, acc, sm_scale, BT: tl.constexpr, VENDOR: tl.constexpr):
     """Online-softmax update with one block of cached positions [p0, p0 + BT) (those < pos count).
     Scores are rounded to the model dtype before scaling, as HF's bf16 q @ k^T then .float() * scale (in
     either numerics mode: one of the roundings the float32-activation default keeps, with q's and p's bf16
     for the tensor-core dots)."""
     t = tl.arange(0, BT)
-    s = tl.dot(qb, tl.trans(kb)).to(kb.dtype).to(tl.float32) * sm_scale      # [GP, BT]
+    s = dot(qb, tl.trans(kb), VENDOR).to(kb.dtype).to(tl.float32) * sm_scale      # [GP, BT]
     s = tl.where(((p0 + t) < pos)[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
     p = tl.where(s == float("-inf"), 0.0, tl.exp(s - m_new[:, None]))
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+    acc = acc * alpha[:, None] + dot(p.to(vb.dtype), vb, VENDOR)
     return m_new, l_i, acc
 
 
@@ -228,12 +228,12 @@ def _attn_split(x, cos, sin, kv, qn_ptr, kn_ptr, part, g, split, pos, p0, eps, s
         l_i = tl.full([GP], 1.0, tl.float32)
         acc = tl.zeros([GP, HD], dtype=tl.float32) + x.v[None, :]
     if p0 < pos:
-        m_i, l_i, acc = _attn_block(q.to(DT), kv.k0, kv.v0, p0, pos, m_i, l_i, acc, sm_scale, BT)
+        m_i, l_i, acc = _attn_block(q.to(DT), kv.k0, kv.v0, p0, pos, m_i, l_i, acc, sm_scale, BT, C.VENDOR)
     for t0 in range(BT, C.SPLIT, BT):      # attn_tile: the split's later tiles (none when SPLIT == BT)
         # loaded in turn (loading the next during the current one spilled: 255 registers)
         if p0 + t0 < pos:
             kb, vb = _cache_block(kv.k, kv.v, p0 + t0, pos, HD, BT)
-            m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT)
+            m_i, l_i, acc = _attn_block(q.to(DT), kb, vb, p0 + t0, pos, m_i, l_i, acc, sm_scale, BT, C.VENDOR)
     base = part + (g * S + split) * GP * (HD + 2)
     tl.store(base + gq[:, None] * HD + d[None, :], acc)
     tl.store(base + GP * HD + gq, m_i)

@@ -16,6 +16,17 @@ import triton.language as tl
 INTERPRET, NVIDIA, AMD = 0, 1, 2
 
 
+@triton.jit
+def dot(a, b, VENDOR: tl.constexpr):
+    """tl.dot(a, b); in the interpreter, 16-bit operands are upcast to float32 first (exact: every 16-bit value
+    is a float32 one, and the GPU's tensor cores accumulate in float32 too). The interpreter keeps bfloat16 as
+    uint16 and multiplies the bit patterns in tl.dot (triton-lang/triton#11584: unsupported upstream), which
+    made every bfloat16 model's attention garbage on the CPU."""
+    if VENDOR == 0:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b)
+
+
 def vendor_code() -> int:
     """The VENDOR constexpr for the current process."""
     if os.environ.get("TRITON_INTERPRET") == "1":
