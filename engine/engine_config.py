@@ -160,17 +160,25 @@ class EngineConfig:
              f"wait_timeout_s {self.wait_timeout_s} must be a finite number of seconds >= 0")
         H, I = model.hidden_size, model.intermediate_size
         # K need not be a multiple of block_k: the last chunk of a row is masked.
+        # the LM head's last tile may be ragged (a vocabulary such as 32,001): lm_tiles
         rows = {"qkv": model.qkv_size, "o": H, "gate_up": I, "down": H, "lm": model.vocab_size}
         for ph, n in rows.items():
             bn = self.bn(ph)
             need(pow2(bn), f"bn_{ph} {bn} is not a power of two")
-            need(n % bn == 0, f"bn_{ph} {bn} does not divide the {n} rows of {ph}")
+            need(n % bn == 0 or ph == "lm", f"bn_{ph} {bn} does not divide the {n} rows of {ph}")
         if self.sync_rows:
             need(pow2(self.sync_rows), f"sync_rows {self.sync_rows} is not a power of two")
             for ph in ("qkv", "o", "gate_up", "down"):
                 need(self.sync_rows % self.bn(ph) == 0,
                      f"sync_rows {self.sync_rows} is not a multiple of bn_{ph} {self.bn(ph)}")
         return self
+
+
+def lm_tiles(vocab_size: int, bn_lm: int) -> int:
+    """LM-head tasks of a single-GPU step: whole bn_lm-row tiles over the vocabulary, the last one ragged when
+    bn_lm does not divide it (the packed head is padded with zero rows to whole tiles, kog.engine.monokernel,
+    and the kernel never stores or samples a row >= V)."""
+    return -(-vocab_size // bn_lm)
 
 
 def fits(e: EngineConfig, model: ModelConfig, span: int | None = None) -> bool:

@@ -23,7 +23,7 @@ import torch
 
 from kog.engine import layout as LY
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.engine_config import EngineConfig, sm90_default, wait_timeout_seconds
+from kog.engine.engine_config import EngineConfig, lm_tiles, sm90_default, wait_timeout_seconds
 from kog.engine.kernel.sampling import sample_mode
 from kog.engine.kernel.vendor import INTERPRET, NVIDIA, ctas_per_sm_fit, vendor_code
 from kog.engine.plan import Plan, check_plan, make_plan
@@ -259,7 +259,7 @@ class Monokernel:
             for col, name in ((LY.W_QKV, "wqkv"), (LY.W_O, "wo"), (LY.W_GATE, "w_gate"), (LY.W_UP, "w_up"),
                               (LY.W_DOWN, "w_down")):
                 offs[i, col] = add(L[name])
-        offs[cfg.num_layers, LY.W_LM] = add(w["lm_head"])
+        offs[cfg.num_layers, LY.W_LM] = add(self._lm_head(w))
         self.wbuf = self._placeholder(w.dtype) if self.compile_only else torch.cat(mats).to(dev)
         del mats
         self.woff = torch.tensor(offs, device=dev)
@@ -278,6 +278,13 @@ class Monokernel:
         self.embed = w["embed"]
         cos, sin = self.ref.cos.float(), self.ref.sin.float()   # the prefill's table (float32, or tp_compat's model dtype)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
+
+    def _lm_head(self, w) -> torch.Tensor:
+        """The LM head as the kernel streams it: padded with zero rows to whole bn_lm tiles when bn_lm does not
+        divide the vocabulary (lm_tiles; the kernel never stores or samples a row >= V), else itself."""
+        lm, V = w["lm_head"], self.cfg.vocab_size
+        pad = lm_tiles(V, self.ecfg.bn_lm) * self.ecfg.bn_lm - V
+        return lm if pad == 0 else torch.cat([lm, lm.new_zeros((pad, lm.shape[1]))])
 
     def _placeholder(self, dtype) -> torch.Tensor:
         """compile_only's weight buffer: one 128-byte line (the allocator aligns it as the real buffer)."""
@@ -334,6 +341,7 @@ class Monokernel:
         """Weight ring (kog.engine.ring): the GEMV weights repacked as each CTA's chunks in consumption order
         (they replace the packed buffer: the ring path reads nothing else), each CTA's first chunk, the bytes
         of each chunk's copy, and the interpreter's global-memory stand-ins for the slots and row blocks."""
+        from kog.engine.weights import Weights
         from kog.engine.ring import (pack_ring_weights, padded_fraction, phase_bn, ring_bytes, ring_chunk_bytes,
                                      ring_order, slot_bytes)
         e, cfg, p = self.ecfg, self.cfg, self.plan
@@ -346,14 +354,15 @@ class Monokernel:
         bn = phase_bn(e)
         H, I = cfg.hidden_size, cfg.intermediate_size
         tiles = {LY.T_QKV: cfg.qkv_size // e.bn_qkv, LY.T_O: H // e.bn_o, LY.T_GU: I // e.bn_gate_up,
-                 LY.T_DOWN: H // e.bn_down, LY.T_LM: cfg.vocab_size // e.bn_lm}
+                 LY.T_DOWN: H // e.bn_down, LY.T_LM: lm_tiles(cfg.vocab_size, e.bn_lm)}
         order, lo = ring_order(p.tasks, p.cta_start, num_layers=cfg.num_layers, n_tiles=tiles, H=H, I=I,
                                QS=cfg.q_size, block_k=e.block_k, bn=bn)
         tight = padded_fraction(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn) > 0
         dt = self.wbuf.dtype
         self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
         self.wbuf = self._placeholder(dt) if self.compile_only else pack_ring_weights(
-            self.ref.w, cfg.num_layers, order, block_k=e.block_k, bn=bn, tight=tight).to(self.device)
+            Weights({**self.ref.w, "lm_head": self._lm_head(self.ref.w)}), cfg.num_layers, order, block_k=e.block_k, bn=bn,
+            tight=tight).to(self.device)
         sizes = ring_chunk_bytes(p.tasks, p.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_sz = torch.tensor(sizes if sizes.size else np.zeros(1, np.int32), dtype=torch.int32,
                                     device=self.device)

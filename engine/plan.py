@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from kog.engine.config import ConfigError, ModelConfig
-from kog.engine.engine_config import EngineConfig
+from kog.engine.engine_config import EngineConfig, lm_tiles
 from kog.engine.layout import (BUF_ACT, BUF_ATTN, BUF_HMID, BUF_HOUT, BUF_NAMES, BUF_QKV, HEAD_EARLY_BIT,
                                HEAD_LAYER_SHIFT, N_BUF_SINGLE, ROW_HEAD, ROW_RELEASE, ROW_TILE, ROW_WAIT, ROW_WORDS,
                                T_ATTN, T_BAR, T_DOWN, T_GU, T_LM, T_O, T_QKV, TASK_NAMES)
@@ -78,7 +78,7 @@ def _phase_tasks(model: ModelConfig, ecfg: EngineConfig, attn_splits: int = 1) -
                (T_O, layer, model.hidden_size // ecfg.bn_o),
                (T_GU, layer, model.intermediate_size // ecfg.bn_gate_up),
                (T_DOWN, layer, model.hidden_size // ecfg.bn_down)]
-    ph.append((T_LM, model.num_layers, model.vocab_size // ecfg.bn_lm))
+    ph.append((T_LM, model.num_layers, lm_tiles(model.vocab_size, ecfg.bn_lm)))
     return ph
 
 

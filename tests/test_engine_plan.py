@@ -82,6 +82,20 @@ def test_topology_mapping_uses_the_probe_partitions():
     assert len(set(dies[first])) == 1 and len(set(dies[~first])) == 1 and set(dies[first]) != set(dies[~first])
 
 
+def test_a_vocabulary_bn_lm_does_not_divide_ends_on_a_ragged_tile():
+    """A vocabulary such as 32,001 (a pad token added to Llama 2's): the LM head's last tile is ragged, not
+    refused; the plan covers every row with ceil(V / bn_lm) tasks. Tensor parallelism keeps whole tiles."""
+    from kog.engine.engine_config import lm_tiles
+    from kog.engine.tp_plan import make_tp_plan
+    m = LLAMA.replace(vocab_size=32001)
+    e = EngineConfig(bn_lm=64).validate(m)
+    p = make_plan(m, e, 132)
+    check_plan(p, m, e)
+    assert p.phase_counts()["lm"] == lm_tiles(32001, 64) == 501 and 500 * 64 < 32001 <= 501 * 64
+    with pytest.raises(ConfigError, match="bn_lm 64 does not divide a rank's"):
+        make_tp_plan(m.replace(vocab_size=32002), e, 2, 132)
+
+
 def test_topology_mapping_needs_a_scan():
     with pytest.raises(ConfigError, match="kogprobe scan"):
         make_plan(LLAMA, EngineConfig(mapping="topology"), 132)
@@ -89,7 +103,7 @@ def test_topology_mapping_needs_a_scan():
 
 @pytest.mark.parametrize("bad, match", [
     (dict(bn_qkv=3), "power of two"),
-    (dict(bn_lm=4096), "does not divide"),
+    (dict(bn_down=4096), "does not divide"),
     (dict(mode="async"), "mode"),
     (dict(ctas_per_sm=9), "ctas_per_sm"),
     (dict(sync_rows=4, bn_qkv=8), "multiple of bn_qkv"),

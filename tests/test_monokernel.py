@@ -101,6 +101,27 @@ def test_top_k_top_p_tokens_are_seeded_and_kept_by_the_reference(mode, top_k, to
         assert reference_probs(row, **opts)[tok] > 0
 
 
+@pytest.mark.parametrize("ring", [0, 2])
+def test_a_vocabulary_bn_lm_does_not_divide(ring):
+    """A vocabulary of 1,001 with 64-row LM tiles (as 32,001 with 8: a pad token added): the last tile is
+    ragged, the packed head padded with zero rows. Greedy and teacher-forced logits as the reference's; a
+    top-k / top-p draw is one the reference could make and never a padded row (their logits would be 0)."""
+    from test_sampling import reference_probs
+    cfg = TINY.replace(vocab_size=1001, tie_word_embeddings=False)
+    e = SMALL_TILES.replace(weight_ring=ring, block_k=128 if ring else SMALL_TILES.block_k)
+    ref, got, err = run_both(cfg, torch.float32, e, [5, 17, 33, 2, 9])
+    assert got == ref and err < 1e-4
+    w = random_weights(cfg, "cpu", seed=4, dtype=torch.float32)
+    w["lm_head"][-1].fill_(0.0)            # the last real row: logit 0 like the padding's, so only a mask saves it
+    mk = Monokernel(cfg, w, e, max_seq=64)
+    mk.n_eos = 0
+    opts = dict(temperature=5.0, top_k=0, top_p=0.99)
+    drawn, _ = mk.generate([5, 6, 7], 4, seed=2, **opts)
+    assert all(0 <= t < 1001 for t in drawn)
+    for row, tok in zip(mk.teacher_forced_logits([5, 6, 7], drawn), drawn):
+        assert row.shape == (1001,) and reference_probs(row, **opts)[tok] > 0
+
+
 def test_a_wait_that_can_never_complete_is_an_error_not_a_hang():
     """Corrupt one counter's target: the bounded spin gives up, names the counter and the task."""
     w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)

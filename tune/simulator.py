@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from kog.engine.config import DTYPE_BYTES, ModelConfig
-from kog.engine.engine_config import EngineConfig
+from kog.engine.engine_config import EngineConfig, lm_tiles
 from kog.tune.scan_model import ScanModel, load_scan, scan_from_dir, synthetic_h200
 from kog.tune.store import RETIRED_FIELDS
 
@@ -437,7 +437,7 @@ def _phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int,
             ("o", H // cfg.bn_o, model.q_size, cfg.bn_o, bk),
             ("gate_up", I // cfg.bn_gate_up, H, 2 * cfg.bn_gate_up, bk_gu),
             ("down", H // cfg.bn_down, I, cfg.bn_down, bk),
-            ("lm", model.vocab_size // cfg.bn_lm, H, cfg.bn_lm, bk)]
+            ("lm", lm_tiles(model.vocab_size, cfg.bn_lm), H, cfg.bn_lm, bk)]
 
 
 def _ring_phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str, int, int, int, int]]:
@@ -452,7 +452,7 @@ def _ring_phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str,
     for name, typ in (("qkv", T_QKV), ("o", T_O), ("gate_up", T_GU), ("down", T_DOWN), ("lm", T_LM)):
         K, bkc, rows = chunk_shape(typ, H=model.hidden_size, I=model.intermediate_size, QS=model.q_size,
                                    block_k=cfg.block_k, bn=bn)
-        out.append((name, rows_of[name] // bn[typ], K, rows, bkc))
+        out.append((name, -(-rows_of[name] // bn[typ]), K, rows, bkc))      # lm: its last tile may be ragged
     return out
 
 

@@ -151,7 +151,8 @@ def build_space(model: ModelConfig, has_scan: bool = True, ring: bool = False) -
     is no parameter (studies made before it existed keep their parameters)."""
     rows = {"qkv": model.qkv_size, "o": model.hidden_size, "gate_up": model.intermediate_size,
             "down": model.hidden_size, "lm": model.vocab_size}
-    bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0) or (1,) for ph in PHASES}
+    # the LM head's last tile may be ragged (EngineConfig.validate): every bn_lm choice
+    bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0 or ph == "lm") or (1,) for ph in PHASES}
     maps = MAPPINGS if has_scan else tuple(m for m in MAPPINGS if m != "topology")
     # attn_tile: attention splits walked in tiles, so wide splits keep the ring's slots (EngineConfig.attn_tile)
     return Space(mappings=maps, bn=bn, weight_ring=WEIGHT_RING_CHOICES if ring else (0,),
@@ -255,7 +256,7 @@ def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int |
     if cfg.weight_ring:
         raise Infeasible(f"tp_degree {G} runs without weight_ring (the TP engine refuses it)")
     from kog.engine.config import ConfigError
-    from kog.engine.tp import shard_config
+    from kog.engine.tp import shard_config, tp_lm_tiles_message
     from kog.engine.tp_monokernel import check_exchange_rows
     try:
         shard = shard_config(model, G)
@@ -265,6 +266,8 @@ def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int |
         check(cfg, shard, sms, max_ctas)
     except Infeasible as e:
         raise Infeasible(f"tp_degree {G} (rank shard {shard.name}): {e}") from None
+    if shard.vocab_size % cfg.bn_lm:
+        raise Infeasible(f"tp_degree {G}: {tp_lm_tiles_message(cfg.bn_lm, shard.vocab_size)}")
     if exchange_rows is None:
         raise Infeasible(f"tp_degree {G} without exchange_rows")
     try:

@@ -103,21 +103,32 @@ def gate_up_task(task, tok, sm, pend, cta, mw, ac, pa, sy, fx, M, C):
 
 
 @triton.jit
+def _store_vocab_rows(ptr, rows, v, V: tl.constexpr, RAGGED: tl.constexpr):
+    """Store a vocabulary tile's values; RAGGED (bn_lm does not divide V): the last tile's rows >= V are the
+    padded head's zero rows and are not stored (they would land on the next buffer's)."""
+    if RAGGED:
+        tl.store(ptr + rows, v, mask=rows < V)
+    else:
+        tl.store(ptr + rows, v)
+
+
+@triton.jit
 def lm_task(task, tok, sm, best, cta, mw, ac, pa, sy, fx, run, M, C):
     """Logits of this tile's vocabulary rows (stored when asked), their sampling scores, the CTA's best."""
     DT: tl.constexpr = mw.w.dtype.element_ty
+    RAGGED: tl.constexpr = (M.V % C.LM.BN) != 0
     rows = task.tile * C.LM.BN + tl.arange(0, C.LM.BN)
     acc, _, waited, sm = _gemv_task(task, tok, sm, cta, mw, ac, pa, sy, fx, ACT_H, fx.fnorm_off, C.LM, M, C)
     lg = rnd(acc, DT)                            # HF_ROUNDING: logits in the model dtype, as HF
     if run.write_logits != 0:
-        tl.store(ac.logits + tl.cast(tok.step, tl.int64) * M.V + rows, lg)
+        _store_vocab_rows(ac.logits + tl.cast(tok.step, tl.int64) * M.V, rows, lg, M.V, RAGGED)
     top = best.top
     if C.SAMPLE == 2:   # the top-k / top-p search's inputs (entry._filter): scaled logits, Gumbel scores, maxima
         sc = lg * run.inv_temp
-        tl.store(ac.partial_v + C.GPOW + rows, sc)
+        _store_vocab_rows(ac.partial_v + C.GPOW, rows, sc, M.V, RAGGED)
         top = tl.maximum(top, tl.max(tl.where(rows < M.V, sc, float("-inf")), axis=0))
         gs = gumbel_scores(lg, rows, tok.pos, run.seed, run.inv_temp, M.V, 1)
-        tl.store(ac.partial_v + C.GPOW + M.V + rows, gs)
+        _store_vocab_rows(ac.partial_v + C.GPOW + M.V, rows, gs, M.V, RAGGED)
         b, bi = tile_best(gs, rows, rows < M.V)
     elif C.TP:     # vocab parallel: scores and picks are keyed by the global token id
         gid = tl.load(pa.peers + TP_VOCAB_LO).to(tl.int32) + rows
