@@ -360,9 +360,9 @@ class Monokernel:
         tight = padded_fraction(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn) > 0
         dt = self.wbuf.dtype
         self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
+        streamed = Weights({**self.ref.w, "lm_head": self._lm_head(self.ref.w)})     # the padded head, if ragged
         self.wbuf = self._placeholder(dt) if self.compile_only else pack_ring_weights(
-            Weights({**self.ref.w, "lm_head": self._lm_head(self.ref.w)}), cfg.num_layers, order, block_k=e.block_k, bn=bn,
-            tight=tight).to(self.device)
+            streamed, cfg.num_layers, order, block_k=e.block_k, bn=bn, tight=tight).to(self.device)
         sizes = ring_chunk_bytes(p.tasks, p.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_sz = torch.tensor(sizes if sizes.size else np.zeros(1, np.int32), dtype=torch.int32,
                                     device=self.device)

@@ -7,7 +7,8 @@ engine kog.engine.tp_monokernel.TPMonokernel over cuda:0..G-1 instead), reports 
 `repeats` runs (TRIAL_DEFAULTS: 128 tokens x 3). In a warm worker (isolation.WarmWorker) the weights, the
 prompt and the reference logits are made once per process (model_state, kept in kog.tune.worker.CACHE),
 so a trial costs the Monokernel build, the gate and the timed runs. `precompile_one` compiles the kernel
-variants of a config without running them (over placeholder weights: compile_state). `sim_trial` does the same with the simulator's prediction.
+variants of a config without running them (over placeholder weights: compile_state). `sim_trial` does the
+same with the simulator's prediction.
 
 Parent side: `Objective(ctx)(trial)` samples a config, rejects impossible ones before any launch
 (PRUNED, reason in user attr 'fail_reason'), runs the child through kog.tune.isolation (ctx.runner: a warm
