@@ -281,10 +281,11 @@ class Monokernel:
 
     def _lm_head(self, w) -> torch.Tensor:
         """The LM head as the kernel streams it: padded with zero rows to whole bn_lm tiles when bn_lm does not
-        divide the vocabulary (lm_tiles; the kernel never stores or samples a row >= V), else itself."""
+        divide the vocabulary (lm_tiles; the kernel never stores or samples a row >= V), else itself; and
+        itself in a compile_only engine, which packs no weights (a padded copy would be the whole head)."""
         lm, V = w["lm_head"], self.cfg.vocab_size
         pad = lm_tiles(V, self.ecfg.bn_lm) * self.ecfg.bn_lm - V
-        return lm if pad == 0 else torch.cat([lm, lm.new_zeros((pad, lm.shape[1]))])
+        return lm if pad == 0 or self.compile_only else torch.cat([lm, lm.new_zeros((pad, lm.shape[1]))])
 
     def _placeholder(self, dtype) -> torch.Tensor:
         """compile_only's weight buffer: one 128-byte line (the allocator aligns it as the real buffer)."""
@@ -360,9 +361,12 @@ class Monokernel:
         tight = padded_fraction(H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn) > 0
         dt = self.wbuf.dtype
         self.wbuf = None                                  # the ring's packing replaces it (peak: one copy less)
-        streamed = Weights({**self.ref.w, "lm_head": self._lm_head(self.ref.w)})     # the padded head, if ragged
-        self.wbuf = self._placeholder(dt) if self.compile_only else pack_ring_weights(
-            streamed, cfg.num_layers, order, block_k=e.block_k, bn=bn, tight=tight).to(self.device)
+        if self.compile_only:
+            self.wbuf = self._placeholder(dt)
+        else:
+            streamed = Weights({**self.ref.w, "lm_head": self._lm_head(self.ref.w)})   # the padded head, if ragged
+            self.wbuf = pack_ring_weights(streamed, cfg.num_layers, order, block_k=e.block_k, bn=bn,
+                                          tight=tight).to(self.device)
         sizes = ring_chunk_bytes(p.tasks, p.cta_start, H=H, I=I, QS=cfg.q_size, block_k=e.block_k, bn=bn)
         self.ring_sz = torch.tensor(sizes if sizes.size else np.zeros(1, np.int32), dtype=torch.int32,
                                     device=self.device)

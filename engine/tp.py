@@ -81,11 +81,12 @@ def tp_shape(cfg: ModelConfig, G: int, pad_vocab: bool = False, vocab_multiple: 
                    heads_per_rank=cfg.num_heads // G, intermediate_per_rank=cfg.intermediate_size // G)
 
 
-def tp_lm_tiles_message(bn_lm: int, shard_vocab: int) -> str:
-    """Why a tensor-parallel rank refuses bn_lm: its LM tiles must be whole (one GPU may end on a ragged tile,
-    kog.engine.engine_config.lm_tiles; the ranks' vocabulary exchange has no such tile)."""
-    return (f"bn_lm {bn_lm} does not divide a rank's {shard_vocab} vocabulary rows (tensor parallelism needs whole "
-            f"LM tiles; pad_vocab pads the vocabulary)")
+def check_lm_tiles(bn_lm: int, shard: ModelConfig) -> None:
+    """ConfigError unless bn_lm divides a rank's vocabulary: its LM tiles must be whole (one GPU may end on a
+    ragged tile, kog.engine.engine_config.lm_tiles; the ranks' vocabulary exchange has no such tile)."""
+    if shard.vocab_size % bn_lm:
+        raise ConfigError(f"engine config: bn_lm {bn_lm} does not divide a rank's {shard.vocab_size} vocabulary "
+                          f"rows (tensor parallelism needs whole LM tiles; pad_vocab pads the vocabulary)")
 
 
 def shard_config(cfg: ModelConfig, G: int, pad_vocab: bool = False) -> ModelConfig:

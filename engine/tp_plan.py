@@ -50,7 +50,7 @@ from kog.engine.layout import (BUF_ACT, BUF_ATTN, BUF_DPART, BUF_HMID, BUF_HOUT,
                                TASK_NAMES)
 from kog.engine.plan import make_plan
 from kog.engine.schedule import ScheduleError, Step, simulate
-from kog.engine.tp import TPShape, shard_config, tp_lm_tiles_message, tp_shape
+from kog.engine.tp import TPShape, check_lm_tiles, shard_config, tp_shape
 
 # the rank's pick of the token: a task of the plan; the kernel runs it in the token's last CTA (tp_monokernel)
 T_XSAMPLE = 9
@@ -202,8 +202,7 @@ def make_tp_plan(model: ModelConfig, ecfg: EngineConfig, G: int, sms: int, excha
     """
     shape = tp_shape(model, G, pad_vocab)
     shard = shard_config(model, G, pad_vocab)
-    if shard.vocab_size % ecfg.bn_lm:
-        raise ConfigError(f"engine config: {tp_lm_tiles_message(ecfg.bn_lm, shard.vocab_size)}")
+    check_lm_tiles(ecfg.bn_lm, shard)
     if ecfg.mode != "targeted":
         raise ConfigError(f"engine config: mode {ecfg.mode!r} is not planned for tensor parallelism "
                           f"(only 'targeted': grid mode would need a cross-GPU barrier per phase)")

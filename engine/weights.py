@@ -361,11 +361,14 @@ def resolve_config(spec: str | os.PathLike, dtype=None) -> ModelConfig:
     where = locate_model(spec)
     if isinstance(where, Path):
         cfg = read_config(where)
-        if not Path(spec).is_dir():         # a Hub id names it, as resolve_model (the snapshot's directory
-            cfg = cfg.replace(name=str(spec))   # is a commit hash)
-        return cfg.replace(dtype=_model_dtype(cfg, dtype)).validate()     # as load_checkpoint
+        return _named(cfg.replace(dtype=_model_dtype(cfg, dtype)).validate(), spec)     # as load_checkpoint
     cfg = preset(where)
     return cfg.replace(dtype=_model_dtype(cfg, dtype)) if dtype is not None else cfg
+
+
+def _named(cfg: ModelConfig, spec: str | os.PathLike) -> ModelConfig:
+    """A checkpoint's config named by the Hub id it was found by (its snapshot directory is a commit hash)."""
+    return cfg if Path(spec).is_dir() else cfg.replace(name=str(spec))
 
 
 def resolve_model(spec: str | os.PathLike, device="cpu", seed: int = 0, dtype=None) -> tuple[ModelConfig, Weights]:
@@ -374,10 +377,8 @@ def resolve_model(spec: str | os.PathLike, device="cpu", seed: int = 0, dtype=No
     where = locate_model(spec)
     if isinstance(where, Path):
         cfg, w = load_checkpoint(where, device, dtype)
-        return (cfg if Path(spec).is_dir() else cfg.replace(name=str(spec))), w    # a Hub id names it
-    cfg = preset(where)
-    if dtype is not None:
-        cfg = cfg.replace(dtype=_model_dtype(cfg, dtype))
+        return _named(cfg, spec), w
+    cfg = resolve_config(where, dtype)
     w = random_weights(cfg, device, seed)
     check_weights(cfg, w)
     return cfg, w

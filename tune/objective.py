@@ -102,8 +102,7 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
            int(_opt(payload, "gate_tokens")))
     st = CACHE.get(key)
     if st is None:
-        for k in [k for k in CACHE if isinstance(k, tuple) and k[:1] == ("model",)]:
-            del CACHE[k]
+        _drop_cached(key[0])
         model, weights = resolve_model(payload["model"], device=device, seed=seed, dtype=dtype)
         st = CACHE[key] = {"model": model, "weights": weights, **_tokens(payload, model.vocab_size), "ref": None}
     if gate and st["ref"] is None:
@@ -112,6 +111,13 @@ def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
         st["ref"] = Reference(st["model"], st["weights"], compute_dtype=torch.float32).teacher_forced_logits(
             st["prompt"], st["forced"]).float()
     return st
+
+
+def _drop_cached(kind: str) -> None:
+    """Forget the worker's cached state of this kind ("model", "shapes"): one model at a time (GPU memory)."""
+    from kog.tune.worker import CACHE
+    for k in [k for k in CACHE if isinstance(k, tuple) and k[:1] == (kind,)]:
+        del CACHE[k]
 
 
 def _tokens(payload: dict[str, Any], vocab_size: int) -> dict[str, list[int]]:
@@ -134,8 +140,7 @@ def compile_state(payload: dict[str, Any]) -> dict[str, Any]:
     key = ("shapes", payload["model"], int(_opt(payload, "seed")), device, dtype,
            int(_opt(payload, "prompt_tokens")), int(_opt(payload, "gate_tokens")))
     if key not in CACHE:
-        for k in [k for k in CACHE if isinstance(k, tuple) and k[:1] == ("shapes",)]:
-            del CACHE[k]
+        _drop_cached(key[0])
         model = resolve_config(payload["model"], dtype=dtype)
         CACHE[key] = {"model": model, "weights": placeholder_weights(model, device),
                       **_tokens(payload, model.vocab_size)}

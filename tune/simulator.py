@@ -452,7 +452,8 @@ def _ring_phase_shapes(model: ModelConfig, cfg: EngineConfig) -> list[tuple[str,
     for name, typ in (("qkv", T_QKV), ("o", T_O), ("gate_up", T_GU), ("down", T_DOWN), ("lm", T_LM)):
         K, bkc, rows = chunk_shape(typ, H=model.hidden_size, I=model.intermediate_size, QS=model.q_size,
                                    block_k=cfg.block_k, bn=bn)
-        out.append((name, -(-rows_of[name] // bn[typ]), K, rows, bkc))      # lm: its last tile may be ragged
+        n = lm_tiles(rows_of[name], bn[typ]) if name == "lm" else rows_of[name] // bn[typ]
+        out.append((name, n, K, rows, bkc))
     return out
 
 

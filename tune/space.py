@@ -256,7 +256,7 @@ def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int |
     if cfg.weight_ring:
         raise Infeasible(f"tp_degree {G} runs without weight_ring (the TP engine refuses it)")
     from kog.engine.config import ConfigError
-    from kog.engine.tp import shard_config, tp_lm_tiles_message
+    from kog.engine.tp import check_lm_tiles, shard_config
     from kog.engine.tp_monokernel import check_exchange_rows
     try:
         shard = shard_config(model, G)
@@ -266,11 +266,10 @@ def check_tp(cfg: EngineConfig, model: ModelConfig, G: int, exchange_rows: int |
         check(cfg, shard, sms, max_ctas)
     except Infeasible as e:
         raise Infeasible(f"tp_degree {G} (rank shard {shard.name}): {e}") from None
-    if shard.vocab_size % cfg.bn_lm:
-        raise Infeasible(f"tp_degree {G}: {tp_lm_tiles_message(cfg.bn_lm, shard.vocab_size)}")
     if exchange_rows is None:
         raise Infeasible(f"tp_degree {G} without exchange_rows")
     try:
+        check_lm_tiles(cfg.bn_lm, shard)
         check_exchange_rows(model, cfg, int(exchange_rows))
     except ConfigError as e:
         raise Infeasible(f"tp_degree {G}: {e}") from None
