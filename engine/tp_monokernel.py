@@ -398,7 +398,15 @@ def _interpreted_together(ranks: list[_Rank], launches: list) -> None:
         scope.restore()
     for i, e in enumerate(errors):
         if e is not None:
-            raise KogError(f"TP monokernel (interpreted): rank {i} failed: {e}") from e
+            raise KogError(f"TP monokernel (interpreted): rank {i} failed: {_innermost(e)}") from e
+
+
+def _innermost(e: BaseException) -> str:
+    """The exception a chain of InterpreterErrors wraps: the interpreter re-raises each nested device call's
+    error as InterpreterError(repr(inner)), so the outer message is the root's repr escaped once a level."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return f"{type(e).__name__}: {e}"
 
 
 class _on:

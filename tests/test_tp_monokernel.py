@@ -156,3 +156,22 @@ def test_tp_compat_must_divide_the_heads():
     cfg = TINY["llama"].replace(dtype="float32").validate()
     with pytest.raises(ConfigError, match="tp_compat 8 must divide the KV heads"):
         E.replace(tp_compat=8).validate(cfg)
+
+
+def test_interpreted_rank_failure_names_the_root_error():
+    """The interpreter wraps each nested device call's error in InterpreterError(repr(inner)): a failing rank's
+    message names the innermost error, not a repr escaped once a level and cut in the middle."""
+    from triton.runtime.interpreter import InterpreterError
+
+    from kog.engine.tp_monokernel import _innermost
+
+    try:
+        try:
+            try:
+                raise ValueError("the root")
+            except ValueError as e:
+                raise InterpreterError(repr(e)) from e
+        except InterpreterError as e:
+            raise InterpreterError(repr(e)) from e
+    except InterpreterError as e:
+        assert _innermost(e) == "ValueError: the root"
