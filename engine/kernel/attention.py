@@ -247,6 +247,14 @@ COMBINE_SPLITS = tl.constexpr(16)
 MERGE_VALUES = tl.constexpr(8192)
 
 
+@triton.constexpr_function
+def merge_columns(GD, HD, rows):
+    """Columns of one merge step over `rows` splits: all GD when they hold at most MERGE_VALUES partials, else
+    fewer, but always whole heads (at least HD)."""
+    cw = GD if GD * rows <= MERGE_VALUES else MERGE_VALUES // rows
+    return cw if cw >= HD else HD
+
+
 @triton.jit
 def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
     """Merge the softmax partials of KV head g's first n_act splits into its G heads' attention output: up to
@@ -263,8 +271,7 @@ def _attn_combine(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
         HD: tl.constexpr = M.HD
         GP: tl.constexpr = M.GP
         GD: tl.constexpr = M.GH * HD
-        CW: tl.constexpr = GD if GD * M.SP <= MERGE_VALUES else MERGE_VALUES // M.SP
-        CB: tl.constexpr = CW if CW >= HD else HD
+        CB: tl.constexpr = merge_columns(GD, HD, M.SP)
         HB: tl.constexpr = CB // HD
         sp = tl.arange(0, M.SP)
         sm = sp < n_act
@@ -293,8 +300,7 @@ def _attn_combine_groups(part, attn_out, g, n_act, S, DT: tl.constexpr, M):
     HD: tl.constexpr = M.HD
     GP: tl.constexpr = M.GP
     GD: tl.constexpr = M.GH * HD
-    CW: tl.constexpr = GD if GD * COMBINE_SPLITS <= MERGE_VALUES else MERGE_VALUES // COMBINE_SPLITS
-    CB: tl.constexpr = CW if CW >= HD else HD
+    CB: tl.constexpr = merge_columns(GD, HD, COMBINE_SPLITS)
     HB: tl.constexpr = CB // HD
     sp = tl.arange(0, COMBINE_SPLITS)
     cc = tl.arange(0, CB)
