@@ -157,3 +157,23 @@ def test_gpu_trial_code_path_in_a_warm_worker_interpreted():
         assert b.ok and b.data["warm"] and b.data["setup_s"] < 0.05 and w.starts == 1, b
         c = w.run("kog.tune.objective:precompile_one", {**payload, "config": cfg.to_dict()}, 120)
         assert c.ok and c.data["compiled"] == 0 and w.starts == 1, c     # the interpreter compiles nothing
+
+
+def test_a_trial_hands_the_earlier_trials_memory_back_before_its_engine(monkeypatch):
+    """gpu_trial releases the allocator's cached blocks (kog.engine.monokernel.release_gpu_memory) before it
+    builds its engine: a warm worker's earlier trials left their packed weights cached at other sizes."""
+    import kog.engine.monokernel as mk_mod
+    from kog.tune import objective
+    calls = []
+
+    def build(payload, st, compile_only=False):
+        calls.append("build")
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(mk_mod, "release_gpu_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(objective, "_build", build)
+    payload = {"model": "tiny", "device": "cpu", "dtype": "float16", "prompt_tokens": 3, "gate_tokens": 1,
+               "max_seq": 32, "config": {}}
+    with pytest.raises(RuntimeError, match="stop here"):
+        objective.gpu_trial(payload, lambda step, value: None)
+    assert calls == ["release", "build"]

@@ -197,6 +197,11 @@ def gpu_trial(payload: dict[str, Any], report: Callable[[int, float], None]) -> 
     fresh = "model" not in {k[0] for k in _cache_keys()}
     st = model_state(payload)
     t_state = time.perf_counter() - t0
+    # a warm worker's allocator keeps the earlier trials' freed packings cached; trials pack the weights at
+    # different sizes, so that cache grows by about a model at each new size until Triton's own allocations
+    # (outside it) run out of memory: handed back before each engine
+    from kog.engine.monokernel import release_gpu_memory
+    release_gpu_memory()
     mk = _build(payload, st)
     prompt, forced = st["prompt"], st["forced"]
     # the gate: teacher-forced logits against the reference (the first launch: loads the kernel)
