@@ -10,6 +10,8 @@ weight bytes a token. Compiled kernels come from Triton's cache after each tree'
 
 python3 bench/ab_trees.py OUT.json --tree base=DIR --tree new=DIR [--presets llama-3.2-1b ...]
     [--mode targeted|grid] [--rounds 3] [--max-seq 384] [--override NAME='{"attn_block": 32}']
+    [--prompt-tokens 64] [--new-tokens 256]
+--prompt-tokens / --new-tokens: the timed launches' protocol (the bench's by default; kogtune's trials: 16, 128).
 --override changes EngineConfig fields of one tree's config (the rule's, then these): the same tree may run
 twice under two names, one with the override. A tree DIR holds an importable `kog` package (e.g. what
 bench/device_env.sh links). Writes OUT.json after every process (a timeout keeps what ran). KOG_GIT_COMMIT
@@ -25,10 +27,12 @@ import subprocess
 import sys
 import time
 
-PROMPT, NEW, MAX_SEQ, CHECK, LAUNCHES = list(range(100, 164)), 256, 384, 32, 2   # MAX_SEQ: --max-seq's default
+# the bench's protocol (--prompt-tokens, --new-tokens) and --max-seq's default
+PROMPT_TOKENS, NEW, MAX_SEQ, CHECK, LAUNCHES = 64, 256, 384, 32, 2
 
 
-def worker(preset: str, mode: str, check: bool, override: dict | None = None, max_seq: int = MAX_SEQ) -> dict:
+def worker(preset: str, mode: str, check: bool, override: dict | None = None, max_seq: int = MAX_SEQ,
+           prompt_tokens: int = PROMPT_TOKENS, new: int = NEW) -> dict:
     """One process's measurement of the tree on PYTHONPATH (run with --worker)."""
     import torch
 
@@ -40,6 +44,7 @@ def worker(preset: str, mode: str, check: bool, override: dict | None = None, ma
     from kog.tune.store import tuned_config
 
     dev = torch.device("cuda")
+    PROMPT = list(range(100, 100 + prompt_tokens))
     cfg = PRESETS[preset].replace(eos_token_id=())
     w = random_weights(cfg, "cuda", seed=0, dtype=torch.bfloat16)
     out: dict = {}
@@ -59,19 +64,19 @@ def worker(preset: str, mode: str, check: bool, override: dict | None = None, ma
         toks, _ = mk.generate(PROMPT, CHECK)
         out["rel_err_vs_fp32_ref"] = max_rel_err(logits, fp32)
         out["first_divergence_vs_bf16_ref"] = first_divergence(toks, tokens)
-    mk.generate(PROMPT, NEW)              # warm-up: the launch length's specialization, first touch
-    out["tok_per_s"] = [NEW / mk.generate(PROMPT, NEW)[1] for _ in range(LAUNCHES)]
+    mk.generate(PROMPT, new)              # warm-up: the launch length's specialization, first touch
+    out["tok_per_s"] = [new / mk.generate(PROMPT, new)[1] for _ in range(LAUNCHES)]
     out["regs"], out["spills"] = mk.kernel_regs, mk.kernel_spills
     out["config"] = ecfg.to_dict()
     return out
 
 
 def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float, override: dict | None = None,
-                max_seq: int = MAX_SEQ) -> dict:
+                max_seq: int = MAX_SEQ, prompt_tokens: int = PROMPT_TOKENS, new: int = NEW) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", preset, "--mode", mode] + (["--check"] if check
                                                                                            else [])
-    cmd += ["--max-seq", str(max_seq)]
+    cmd += ["--max-seq", str(max_seq), "--prompt-tokens", str(prompt_tokens), "--new-tokens", str(new)]
     if override:
         cmd += ["--config-json", json.dumps(override)]
     try:
@@ -130,18 +135,22 @@ def main() -> None:
     ap.add_argument("--override", action="append", default=[],
                     help="NAME=JSON: EngineConfig fields for that tree (repeat)")
     ap.add_argument("--max-seq", type=int, default=MAX_SEQ, help="cache positions (the attention splits)")
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
+    ap.add_argument("--new-tokens", type=int, default=NEW)
     ap.add_argument("--config-json", default="")
     ap.add_argument("--worker")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     if a.worker:
         override = json.loads(a.config_json) if a.config_json else None
-        print(json.dumps(worker(a.worker, a.mode, a.check, override, a.max_seq), default=str), flush=True)
+        print(json.dumps(worker(a.worker, a.mode, a.check, override, a.max_seq, a.prompt_tokens, a.new_tokens),
+                         default=str), flush=True)
         return
     if not a.out or len(a.tree) < 2 or any("=" not in t for t in a.tree):
         ap.error("give OUT.json and at least two --tree NAME=DIR")
-    if a.max_seq < len(PROMPT) + NEW:
-        ap.error(f"--max-seq {a.max_seq} holds fewer than the {len(PROMPT) + NEW} positions a run writes")
+    if min(a.prompt_tokens, a.new_tokens) < 1 or a.max_seq < a.prompt_tokens + max(a.new_tokens, CHECK):
+        ap.error(f"--max-seq {a.max_seq} holds fewer than the {a.prompt_tokens + max(a.new_tokens, CHECK)} "
+                 f"positions a run writes (or a token count < 1)")
     trees = dict(t.split("=", 1) for t in a.tree)
     base = next(iter(trees))
     overrides = _parse_overrides(a.override, trees, ap)
@@ -149,7 +158,7 @@ def main() -> None:
     doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": trees,
            "overrides": overrides,
            "mode": a.mode, "rounds": a.rounds,
-           "launches_per_process": LAUNCHES, "prompt_tokens": len(PROMPT), "new_tokens": NEW, "max_seq": a.max_seq,
+           "launches_per_process": LAUNCHES, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "max_seq": a.max_seq,
            "date": time.strftime("%Y-%m-%d"), "presets": {}}
     try:
         import torch
@@ -162,7 +171,7 @@ def main() -> None:
         for r in range(a.rounds):
             for name, tree in trees.items():
                 runs[name].append(_run_worker(tree, preset, a.mode, r == 0, a.timeout, overrides.get(name),
-                                              a.max_seq))
+                                              a.max_seq, a.prompt_tokens, a.new_tokens))
                 entry.update(runs=runs, summary=summarize(runs))
                 first = runs[base][0]
                 if "copy_GBps" in first:
