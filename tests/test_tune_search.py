@@ -394,3 +394,45 @@ def test_search_takes_a_cached_hub_id_as_the_engine_does(env, tmp_path, monkeypa
                  "--runs-dir", str(env / "runs")]) == 2
     err = capsys.readouterr().err.strip()
     assert "acme/not-cached" in err and "\n" not in err
+
+
+def test_the_confirmation_remeasures_best_and_default_and_a_lucky_best_is_not_stored(tmp_path):
+    """confirm_best runs the best single-GPU trial's config and the engine default's alternately in one warm
+    worker; a best that won by its noise (430 once, 380 when measured again against 400) gets a negative
+    gain, and the search then stores the engine default's config, not the lucky one."""
+    import types
+
+    from kog.engine.engine_config import EngineConfig
+    from kog.tune.search import CONFIRMATION, _confirmed_best, confirm_best
+    st = optuna.create_study(study_name="lucky", storage=f"sqlite:///{tmp_path / 's.db'}", direction="maximize")
+    dist = {"bn_qkv": optuna.distributions.CategoricalDistribution([2, 4, 8])}
+    for bn, v, attrs in ((8, 400.0, {"baseline": "engine default"}), (4, 430.0, {}), (2, 390.0, {})):
+        st.add_trial(optuna.trial.create_trial(params={"bn_qkv": bn}, distributions=dist, value=v,
+                                               user_attrs={"config": EngineConfig(bn_qkv=bn).to_dict(), **attrs}))
+    s = types.SimpleNamespace(model_spec="llama-3.2-1b", scan_path=None, backend="gpu")
+    conf = confirm_best(s, st, 2, 60.0, target="kog.tune._fakes:value_by_bn_qkv",
+                        payload_extra={"values": {"8": 400.0, "4": 380.0}})
+    assert conf == st.user_attrs[CONFIRMATION]
+    assert (conf["best_trial"], conf["default_trial"], conf["rounds"]) == (1, 0, 2)
+    assert conf["best_tok_per_s"] == [380.0, 380.0] and conf["default_tok_per_s"] == [400.0, 400.0]
+    assert conf["gain"] == pytest.approx(-0.05) and not conf["errors"]
+    stored = _confirmed_best(st, {"number": 1, "tok_per_s": 430.0, "config": EngineConfig(bn_qkv=4).to_dict()})
+    assert stored["number"] == 0 and stored["config"] == EngineConfig(bn_qkv=8).to_dict()
+    # a best that holds is stored as it is
+    conf = confirm_best(s, st, 1, 60.0, target="kog.tune._fakes:value_by_bn_qkv",
+                        payload_extra={"values": {"8": 400.0, "4": 424.0}})
+    assert conf["gain"] == pytest.approx(0.06)
+    assert _confirmed_best(st, {"number": 1, "config": {}})["number"] == 1
+
+
+def test_a_search_ends_with_its_confirmation(env):
+    """--confirm-rounds N: the search's closing measurements are in the study and its JSON summary."""
+    from kog.tune.search import cli_search
+    a = argparse.Namespace(model="llama-3.2-1b", trials=4, study="confirmed", storage=None, sampler="random",
+                           backend="sim", workers=1, timeout=30.0, runs_dir=str(env / "runs"), json=True,
+                           seed=0, confirm_rounds=2)
+    assert cli_search(a) == 0
+    conf = _study(env, "confirmed").user_attrs["confirmation"]
+    assert conf["rounds"] in (0, 2) and conf["gain"] is not None and not conf["errors"]
+    if conf["rounds"]:     # the simulator is deterministic: the confirmation measures what the search did
+        assert len(conf["best_tok_per_s"]) == 2 and conf["gain"] >= 0

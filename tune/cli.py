@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu: measure on the GPU; sim: predict with the cost model from a probe scan")
     s.add_argument("--workers", type=int, default=1, help="worker processes (one per GPU on a multi-GPU host)")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds before a trial is killed")
+    s.add_argument("--confirm-rounds", type=int, default=None,
+                   help="at the end, re-measure the best config and the engine default alternately this many "
+                        "times each (what `python -m kog.tune.promote` claims; default: 3 on a GPU, 0 for sim)")
     s.add_argument("--tp", default=None, metavar="LIST",
                    help="tensor-parallel degrees to search, e.g. 1,2,4 (powers of two <= 8; default: 1 GPU, "
                         "no TP); the stored engine default stays the best single-GPU config")

@@ -6,11 +6,12 @@ The study's trials are exported to a committed file (tune/data/studies/<study>.j
 state, value, parameters, config and failure reason, and the study's attributes), and the best completed
 single-GPU trial becomes the entry for the study's device, model shape and dtype, its source naming that file,
 the trial, the engine default's tok/s measured in the same study (the search queues the engine default first)
-and the gain over it. What the engine then runs for that shape is the searched config (store.builtin_config).
+and the gain over it that the search's closing confirmation measured (kog.tune.search.confirm_best: the best
+and the default re-measured in alternation; the best of many single measurements is biased up). What the engine then runs for that shape is the searched config (store.builtin_config).
 
 Refused with one line: a simulated study (the table holds measurements), a study without a measured
-engine-default trial (no same-run comparison), and a best trial that beats the default by less than
---min-gain (nothing worth replacing the rule with).
+engine-default trial (no same-run comparison) or without a confirmation of its best, and a best trial whose
+confirmed gain over the default is less than --min-gain (nothing worth replacing the rule with).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kog.errors import KogError, UsageError, cli_entry
+from kog.tune.search import CONFIRMATION
 
 PROG = "python -m kog.tune.promote"
 REPO = Path(__file__).resolve().parent.parent
@@ -61,11 +63,16 @@ def choose(study, min_gain: float) -> tuple[Any, Any, float]:
         raise KogError(f"study {study.study_name!r} has no measured engine-default trial to compare with "
                        "(the search queues it first in a new study)")
     best, default = max(done, key=lambda t: t.value), base[0]
-    gain = best.value / default.value - 1.0
+    conf = attrs.get(CONFIRMATION) or {}
+    if conf.get("best_trial") != best.number or conf.get("gain") is None:
+        raise KogError(f"study {study.study_name!r} has no same-run confirmation of its best trial "
+                       f"(#{best.number}): run the search again (it ends by re-measuring the best against the "
+                       "engine default; --confirm-rounds)")
+    gain = float(conf["gain"])
     if gain < min_gain:
-        raise KogError(f"nothing to promote: the best trial (#{best.number}, {best.value:.1f} tok/s) is "
-                       f"{gain:+.1%} against the engine default (#{default.number}, {default.value:.1f} tok/s), "
-                       f"below --min-gain {min_gain:.1%}")
+        raise KogError(f"nothing to promote: the best trial (#{best.number}, {best.value:.1f} tok/s in the search) "
+                       f"is {gain:+.1%} against the engine default (#{default.number}) in the confirmation's "
+                       f"{conf['rounds']} alternating rounds, below --min-gain {min_gain:.1%}")
     return best, default, gain
 
 
@@ -88,8 +95,9 @@ def builtin_entry(study, best, default, gain: float, study_file: str) -> tuple[s
     src = {"backend": "gpu", "commit": a.get("git_commit"), "study": study.study_name, "from": study_file,
            "trial": best.number, "engine_default_trial": default.number,
            "engine_default_tok_per_s": round(default.value, 2), "gain": round(gain, 4),
+           "confirmation": a.get(CONFIRMATION),
            "why": f"kogtune search: the best of {len(done)} completed trials, {gain:+.1%} over the engine "
-                  f"default (trial #{default.number}) in the same study"}
+                  f"default (trial #{default.number}) in the study's closing same-run confirmation"}
     entry = {"device": a["device"], "model": a.get("model"), "shape": a["model_shape"], "dtype": a["dtype"],
              "config": best.user_attrs["config"], "tok_per_s": round(best.value, 2),
              "mode_measured": best.user_attrs["config"].get("mode"), "source": src}
