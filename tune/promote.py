@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kog.errors import KogError, UsageError, cli_entry
-from kog.tune.search import CONFIRMATION
+from kog.tune.search import CONFIRMATION, completed_single_gpu, default_trials
 
 PROG = "python -m kog.tune.promote"
 REPO = Path(__file__).resolve().parent.parent
@@ -42,13 +42,6 @@ def load_study(storage: str, name: str):
         raise UsageError(f"no study {name!r} in {redact(url)}") from None
 
 
-def completed_single_gpu(study) -> list:
-    """The study's completed trials of one GPU that carry their config."""
-    from optuna.trial import TrialState
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and int(t.params.get("tp_degree", 1)) == 1 and t.user_attrs.get("config")]
-
-
 def choose(study, min_gain: float) -> tuple[Any, Any, float]:
     """(best trial, engine-default trial, gain) or KogError saying why nothing is promoted."""
     attrs = study.user_attrs
@@ -58,7 +51,7 @@ def choose(study, min_gain: float) -> tuple[Any, Any, float]:
     done = completed_single_gpu(study)
     if not done:
         raise KogError(f"study {study.study_name!r} has no completed single-GPU trial")
-    base = [t for t in done if t.user_attrs.get("baseline") == "engine default"]
+    base = default_trials(done)
     if not base:
         raise KogError(f"study {study.study_name!r} has no measured engine-default trial to compare with "
                        "(the search queues it first in a new study)")

@@ -1093,12 +1093,22 @@ CONFIRM_ROUNDS = 3     # a GPU search's closing same-run measurements of its bes
 CONFIRMATION = "confirmation"      # study user attr: what confirm_best measured
 
 
+def completed_single_gpu(study) -> list:
+    """The study's completed trials of one GPU that carry their config."""
+    from optuna.trial import TrialState
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None and int(t.params.get("tp_degree", 1)) == 1 and t.user_attrs.get("config")]
+
+
+def default_trials(trials: list) -> list:
+    """Those of `trials` the search queued as the engine default."""
+    return [t for t in trials if t.user_attrs.get("baseline") == "engine default"]
+
+
 def best_and_default(study) -> tuple[Any, Any] | None:
     """(best completed single-GPU trial, the engine-default trial), or None when either is missing."""
-    from optuna.trial import TrialState
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and int(t.params.get("tp_degree", 1)) == 1 and t.user_attrs.get("config")]
-    base = [t for t in done if t.user_attrs.get("baseline") == "engine default"]
+    done = completed_single_gpu(study)
+    base = default_trials(done)
     if not done or not base:
         return None
     return max(done, key=lambda t: t.value), base[0]
