@@ -257,6 +257,29 @@ def _best_vs_default(sec: Section, best, base, maximize: bool) -> None:
                                   "us per token"), "time per token by part: default against best")
 
 
+def _confirmation(sec: Section, conf: dict[str, Any] | None) -> None:
+    """The search's closing same-run measurements of the best and the default (kog.tune.search.confirm_best)."""
+    if not conf:
+        sec.p("No same-run confirmation: the best above was measured once, in its own trial (a search before "
+              "confirmations, or one stopped before its end).")
+        return
+    if not conf.get("rounds"):
+        sec.p("The best is the engine default: nothing to confirm.")
+        return
+    import statistics
+    b, d = conf.get("best_tok_per_s") or [], conf.get("default_tok_per_s") or []
+    gain = conf.get("gain")
+    sec.kv({"confirmation rounds (alternating)": int(conf["rounds"]),
+            "best tok/s (median)": statistics.median(b) if b else None,
+            "default tok/s (median)": statistics.median(d) if d else None,
+            "confirmed gain": None if gain is None else f"{gain:+.1%}"})
+    if conf.get("errors"):
+        sec.p("Confirmation runs that failed: " + "; ".join(conf["errors"]))
+    if gain is not None and gain <= 0:
+        sec.p("The best did not hold against the default when measured again: the search stored the engine "
+              "default's config.")
+
+
 def _num(v: Any) -> float | None:
     try:
         x = float(v)
@@ -319,6 +342,7 @@ def study_sections(df: pd.DataFrame, study=None, run=None, info: dict[str, Any] 
                     "made before that, or one whose default failed, has none).")
     else:
         _best_vs_default(sec, best, base, maximize)
+        _confirmation(sec, attrs.get("confirmation"))
     sections.append(sec)
 
     sec = Section("history", "Optimization history")

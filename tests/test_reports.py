@@ -512,3 +512,27 @@ def test_paths_in_reports_are_escaped(tmp_path):
     a = synthetic.write_scan(store, drop=set(synthetic.SCAN_TABLES) - {"latency"})
     html = render_compare(a, a, tmp_path / "c.html").read_text()
     assert "<b>runs</b>" not in html and "&lt;b&gt;runs&lt;/b&gt;" in html
+
+
+@pytest.mark.parametrize("conf, says", [
+    ({"best_trial": 1, "default_trial": 0, "rounds": 3, "best_tok_per_s": [380.0, 381.0, 379.0],
+      "default_tok_per_s": [400.0, 401.0, 399.0], "gain": -0.05, "errors": []},
+     ["confirmed gain</th><td>-5.0%", "best tok/s (median)</th><td>380", "the search stored the engine default"]),
+    (None, ["No same-run confirmation"]),
+])
+def test_study_report_shows_the_confirmation_of_the_best(tmp_path, conf, says):
+    """The best against the default section carries the search's closing same-run measurements, and says
+    when the best did not hold."""
+    import optuna
+
+    from kog.engine.engine_config import EngineConfig
+    st = optuna.create_study(study_name="c", direction="maximize")
+    dist = {"bn_qkv": optuna.distributions.CategoricalDistribution([2, 4, 8])}
+    for bn, v, a in ((8, 400.0, {"baseline": "engine default"}), (4, 430.0, {})):
+        st.add_trial(optuna.trial.create_trial(params={"bn_qkv": bn}, distributions=dist, value=v,
+                                               user_attrs={"config": EngineConfig(bn_qkv=bn).to_dict(), **a}))
+    st.set_user_attr("backend", "gpu")
+    if conf is not None:
+        st.set_user_attr("confirmation", conf)
+    sec = sections(render_study_report(st, tmp_path / "c.html").read_text())["default"]
+    assert all(s in sec for s in says), sec[-1500:]
