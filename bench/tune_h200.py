@@ -154,7 +154,7 @@ def main() -> int:
     for k in ("sweep", "search"):
         v = R.get(k) or {}
         print(k, json.dumps({x: v.get(x) for x in ("sweep_s", "search_s", "per_trial_s_median", "best",
-                                                   "engine_default", "error")}, default=str)[:1500])
+                                                   "engine_default", "confirmation", "error")}, default=str)[:1500])
     return 0
 
 
@@ -208,6 +208,7 @@ def search_stats(db: Path, model: str, study: str = "tune-h200") -> dict:
             "engine_default_tok_per_s": d[0].value if d else None,
             "best": None if best is None else {"trial": best.number, "tok_per_s": best.value,
                                                "config": best.user_attrs.get("config")},
+            "confirmation": st.user_attrs.get("confirmation"),
             "states": {s.name: sum(1 for t in ts if t.state == s) for s in TrialState if
                        any(t.state == s for t in ts)}}
 
