@@ -158,7 +158,8 @@ def main() -> None:
     doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": trees,
            "overrides": overrides,
            "mode": a.mode, "rounds": a.rounds,
-           "launches_per_process": LAUNCHES, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "max_seq": a.max_seq,
+           "launches_per_process": LAUNCHES, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens,
+           "max_seq": a.max_seq,
            "date": time.strftime("%Y-%m-%d"), "presets": {}}
     try:
         import torch

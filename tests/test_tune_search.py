@@ -416,6 +416,7 @@ def test_the_confirmation_remeasures_best_and_default_and_a_lucky_best_is_not_st
     assert (conf["best_trial"], conf["default_trial"], conf["rounds"]) == (1, 0, 2)
     assert conf["best_tok_per_s"] == [380.0, 380.0] and conf["default_tok_per_s"] == [400.0, 400.0]
     assert conf["gain"] == pytest.approx(-0.05) and not conf["errors"]
+    assert conf["protocol"] == {"prompt_tokens": 64, "tokens": 256}       # kogtune bench's, not the trials'
     stored = _confirmed_best(st, {"number": 1, "tok_per_s": 430.0, "config": EngineConfig(bn_qkv=4).to_dict()})
     assert stored["number"] == 0 and stored["config"] == EngineConfig(bn_qkv=8).to_dict()
     # a best that holds is stored as it is
@@ -423,6 +424,9 @@ def test_the_confirmation_remeasures_best_and_default_and_a_lucky_best_is_not_st
                         payload_extra={"values": {"8": 400.0, "4": 424.0}})
     assert conf["gain"] == pytest.approx(0.06)
     assert _confirmed_best(st, {"number": 1, "config": {}})["number"] == 1
+    # a search's own protocol fields (payload_extra) are the confirmation's too
+    assert confirm_best(s, st, 1, 60.0, target="kog.tune._fakes:value_by_bn_qkv",
+                        payload_extra={"values": {"8": 1, "4": 2}, "tokens": 32})["protocol"]["tokens"] == 32
 
 
 def test_a_search_ends_with_its_confirmation(env):

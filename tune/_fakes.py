@@ -180,7 +180,9 @@ def two_knob_hill(payload, report):
 
 
 def value_by_bn_qkv(payload, report):
-    """payload["values"][str(bn_qkv)]: a measurement that depends on the config alone (no noise)."""
+    """payload["values"][str(bn_qkv)]: a measurement that depends on the config alone (no noise); a payload
+    without the bench's protocol fields (prompt_tokens, tokens) fails."""
+    assert {"prompt_tokens", "tokens"} <= set(payload), "no protocol in the payload"
     v = float(payload["values"][str(payload["config"]["bn_qkv"])])
     report(0, v)
     return v

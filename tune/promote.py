@@ -7,7 +7,8 @@ state, value, parameters, config and failure reason, and the study's attributes)
 single-GPU trial becomes the entry for the study's device, model shape and dtype, its source naming that file,
 the trial, the engine default's tok/s measured in the same study (the search queues the engine default first)
 and the gain over it that the search's closing confirmation measured (kog.tune.search.confirm_best: the best
-and the default re-measured in alternation; the best of many single measurements is biased up). What the engine then runs for that shape is the searched config (store.builtin_config).
+and the default re-measured in alternation; the best of many single measurements is biased up). What the
+engine then runs for that shape is the searched config (store.builtin_config).
 
 Refused with one line: a simulated study (the table holds measurements), a study without a measured
 engine-default trial (no same-run comparison) or without a confirmation of its best, and a best trial whose

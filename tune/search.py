@@ -1091,6 +1091,9 @@ def cli_search(args) -> int:
 
 CONFIRM_ROUNDS = 3     # a GPU search's closing same-run measurements of its best and the engine default, each
 CONFIRMATION = "confirmation"      # study user attr: what confirm_best measured
+# the confirmation times `kogtune bench`'s protocol (its default prompt and new tokens), not the trials' shorter
+# one: the gain an entry of the built-in table claims is then the one the bench measures
+CONFIRM_PROTOCOL = {"prompt_tokens": 64, "tokens": 256}
 
 
 def completed_single_gpu(study) -> list:
@@ -1117,10 +1120,11 @@ def best_and_default(study) -> tuple[Any, Any] | None:
 def confirm_best(s: Setup, study, rounds: int, timeout: float, target: str | None = None,
                  payload_extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Measure the best single-GPU trial's config and the engine default's again, alternating, `rounds` times
-    each in one warm worker, and store the result as the study's CONFIRMATION attr (what kog.tune.promote
-    claims). The best of many trials measured once each is biased up: it won partly by its own noise (on an
-    H100 a +2.0% best measured 3.2% slower than the default in the bench's protocol). None when the study
-    has no best or no engine-default trial; no measurement when the best is the default."""
+    each in one warm worker, in the bench's protocol (CONFIRM_PROTOCOL, unless payload_extra sets its fields),
+    and store the result as the study's CONFIRMATION attr (the gain kog.tune.promote claims). The best of many
+    trials measured once each is biased up (it won partly by its own noise), and the trials time a shorter
+    protocol than the bench. None when the study has no best or no engine-default trial; no measurement when
+    the best is the default."""
     from statistics import median
 
     from kog.tune.isolation import WarmWorker
@@ -1129,15 +1133,16 @@ def confirm_best(s: Setup, study, rounds: int, timeout: float, target: str | Non
     if pair is None:
         return None
     best, default = pair
+    protocol = {k: (payload_extra or {}).get(k, v) for k, v in CONFIRM_PROTOCOL.items()}
     conf: dict[str, Any] = {"best_trial": best.number, "default_trial": default.number, "rounds": 0,
-                            "best_tok_per_s": [], "default_tok_per_s": [], "errors": []}
+                            "protocol": protocol, "best_tok_per_s": [], "default_tok_per_s": [], "errors": []}
     if best.number != default.number:
         conf["rounds"] = rounds
         with WarmWorker(None, "confirm") as w:
             for _ in range(rounds):
                 for name, t in (("default", default), ("best", best)):
                     payload = {"model": s.model_spec, "config": t.user_attrs["config"], "scan": s.scan_path,
-                               **(payload_extra or {})}
+                               **(payload_extra or {}), **protocol}
                     out = w.run(target or TARGETS[s.backend], payload, timeout)
                     if out.ok:
                         conf[f"{name}_tok_per_s"].append(float(out.value))
