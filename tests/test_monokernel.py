@@ -239,6 +239,14 @@ def test_weight_ring_down_input_cache_matches_reference(mode):
     assert got == ref and err < 5e-3
 
 
+def test_six_ring_slots_at_one_cta_per_sm_match_the_reference():
+    """The search's largest ring (6 slots, which fit one CTA per SM): more slots than any CTA's chunks of a
+    phase, so the ring runs ahead across phases and layers; greedy tokens and logits as the reference's."""
+    e = SMALL_TILES.replace(weight_ring=6, block_k=128, ctas_per_sm=1)
+    ref, got, err = run_both(TINY, torch.float32, e, [5, 17, 33, 2, 9])
+    assert got == ref and err < 1e-4
+
+
 def test_attn_stamps_record_every_split_of_the_traced_tokens():
     """Monokernel(attn_stamps=True): a traced launch records each attention split's sub-steps for its first
     trace_tokens tokens (kernel._attn_stamp; kog.engine.trace.attn_stamps_table): every split of every layer

@@ -32,7 +32,9 @@ WARPS_CHOICES = (2, 4, 8)
 CTAS_CHOICES = (1, 2, 3, 4, 5, 6, 8)
 SYNC_ROWS_CHOICES = (0, 16, 64, 256, 1024, 2048, 4096, 8192)   # 4096: the engine default
 ATTN_BLOCK_CHOICES = (32, 64, 128)
-WEIGHT_RING_CHOICES = (0, 2, 3)   # shared-memory weight ring slots (0: off); the ring needs NVIDIA sm_90
+# shared-memory weight ring slots (0: off; the ring needs NVIDIA sm_90); 4 and 6 fit one CTA per SM, which
+# then keeps the bytes in flight per SM that 2 and 3 slots keep at two CTAs
+WEIGHT_RING_CHOICES = (0, 2, 3, 4, 6)
 EXCHANGE_ROWS_CHOICES = (64, 128, 256)
 MAX_TP = 8                  # GPUs of one host the TP engine is built for (G is a power of two <= 8)
 PHASES = ("qkv", "o", "gate_up", "down", "lm")
