@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kog.errors import KogError, UsageError, cli_entry
-from kog.tune.search import CONFIRMATION, completed_single_gpu, default_trials
+from kog.tune.search import CONFIRMATION, best_and_default, completed_single_gpu
 
 PROG = "python -m kog.tune.promote"
 REPO = Path(__file__).resolve().parent.parent
@@ -49,14 +49,13 @@ def choose(study, min_gain: float) -> tuple[Any, Any, float]:
     if attrs.get("backend") != "gpu":
         raise UsageError(f"study {study.study_name!r} is not a GPU study (backend {attrs.get('backend')!r}): "
                          "the built-in table holds measurements only")
-    done = completed_single_gpu(study)
-    if not done:
-        raise KogError(f"study {study.study_name!r} has no completed single-GPU trial")
-    base = default_trials(done)
-    if not base:
+    pair = best_and_default(study)
+    if pair is None:
+        if not completed_single_gpu(study):
+            raise KogError(f"study {study.study_name!r} has no completed single-GPU trial")
         raise KogError(f"study {study.study_name!r} has no measured engine-default trial to compare with "
                        "(the search queues it first in a new study)")
-    best, default = max(done, key=lambda t: t.value), base[0]
+    best, default = pair
     conf = attrs.get(CONFIRMATION) or {}
     if conf.get("best_trial") != best.number or conf.get("gain") is None:
         raise KogError(f"study {study.study_name!r} has no same-run confirmation of its best trial "

@@ -1163,7 +1163,11 @@ def _confirmed_best(study, sb: dict[str, Any] | None) -> dict[str, Any] | None:
     conf = study.user_attrs.get(CONFIRMATION) or {}
     if sb is None or conf.get("best_trial") != sb["number"] or conf.get("gain") is None or conf["gain"] > 0:
         return sb
-    t = study.trials[conf["default_trial"]]
+    return _trial_brief(study.trials[conf["default_trial"]])
+
+
+def _trial_brief(t) -> dict[str, Any]:
+    """A finished trial as the summary and the store see it."""
     return {"number": t.number, "tok_per_s": t.value, "params": t.params, "config": t.user_attrs.get("config"),
             "breakdown": t.user_attrs.get("breakdown")}
 
@@ -1267,9 +1271,7 @@ def summarize(study) -> dict[str, Any]:
                            "states": {k: v for k, v in states.items() if v}, "fail_kinds": fails,
                            "attrs": study.user_attrs}
     try:
-        b = study.best_trial
-        out["best"] = {"number": b.number, "tok_per_s": b.value, "params": b.params,
-                       "config": b.user_attrs.get("config"), "breakdown": b.user_attrs.get("breakdown")}
+        out["best"] = _trial_brief(study.best_trial)
     except ValueError:
         out["best"] = None
     # tensor parallelism: the store's engine default is the best single-GPU trial; the TP best beside it
@@ -1281,9 +1283,7 @@ def summarize(study) -> dict[str, Any]:
                           "config": b["config"]}
         single = [t for t in ts if t.state == TrialState.COMPLETE and int(t.params.get("tp_degree", 1)) == 1]
         s1 = max(single, key=lambda t: t.value, default=None)
-        out["best_single_gpu"] = None if s1 is None else {
-            "number": s1.number, "tok_per_s": s1.value, "params": s1.params, "config": s1.user_attrs.get("config"),
-            "breakdown": s1.user_attrs.get("breakdown")}
+        out["best_single_gpu"] = None if s1 is None else _trial_brief(s1)
     return out
 
 
