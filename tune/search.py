@@ -1163,7 +1163,7 @@ def _confirmed_best(study, sb: dict[str, Any] | None) -> dict[str, Any] | None:
     conf = study.user_attrs.get(CONFIRMATION) or {}
     if sb is None or conf.get("best_trial") != sb["number"] or conf.get("gain") is None or conf["gain"] > 0:
         return sb
-    return _trial_brief(study.trials[conf["default_trial"]])
+    return _trial_brief(study.get_trials(deepcopy=False)[conf["default_trial"]])
 
 
 def _trial_brief(t) -> dict[str, Any]:
@@ -1281,8 +1281,7 @@ def summarize(study) -> dict[str, Any]:
         b["tp"] = {"G": g, "exchange_rows": x}
         out["best_tp"] = {"number": b["number"], "tok_per_s": b["tok_per_s"], "G": g, "exchange_rows": x,
                           "config": b["config"]}
-        single = [t for t in ts if t.state == TrialState.COMPLETE and int(t.params.get("tp_degree", 1)) == 1]
-        s1 = max(single, key=lambda t: t.value, default=None)
+        s1 = max(completed_single_gpu(study), key=lambda t: t.value, default=None)
         out["best_single_gpu"] = None if s1 is None else _trial_brief(s1)
     return out
 
