@@ -8,13 +8,14 @@ teacher-forced error over 32 tokens against the float32 reference (the bf16 weig
 greedy divergence from the bf16 reference. The limit = the first process's copy rate (read + written) /
 weight bytes a token. Compiled kernels come from Triton's cache after each tree's first process.
 
-python3 bench/ab_trees.py OUT.json --tree base=DIR --tree new=DIR [--presets llama-3.2-1b ...]
+python3 bench/ab_trees.py OUT.json --tree base=DIR|TAR --tree new=DIR|TAR [--presets llama-3.2-1b ...]
     [--mode targeted|grid] [--rounds 3] [--max-seq 384] [--override NAME='{"attn_block": 32}']
     [--prompt-tokens 64] [--new-tokens 256]
 --prompt-tokens / --new-tokens: the timed launches' protocol (the bench's by default; kogtune's trials: 16, 128).
 --override changes EngineConfig fields of one tree's config (the rule's, then these): the same tree may run
 twice under two names, one with the override. A tree DIR holds an importable `kog` package (e.g. what
-bench/device_env.sh links). Writes OUT.json after every process (a timeout keeps what ran). KOG_GIT_COMMIT
+bench/device_env.sh links); a TAR (`git archive REV core probe tune engine reports > main.tar`, carried to the
+device) is unpacked and linked the same way under /tmp. Writes OUT.json after every process (a timeout keeps what ran). KOG_GIT_COMMIT
 names the commit of the tree run from this checkout.
 """
 from __future__ import annotations
@@ -89,6 +90,33 @@ def _run_worker(tree: str, preset: str, mode: str, check: bool, timeout_s: float
     return json.loads(lines[-1])
 
 
+PACKAGES = ("probe", "tune", "engine", "reports")
+
+
+def tree_dir(name: str, spec: str, work: str) -> str:
+    """The directory holding tree `name`'s importable `kog`: `spec` itself, or for a .tar of the repository's
+    core/ and PACKAGES (git archive) its contents unpacked under work/name and linked as bench/device_env.sh
+    links a checkout (core/ as the package, the others as its subpackages)."""
+    if not spec.endswith(".tar"):
+        return spec
+    import shutil
+    import tarfile
+    src, root = os.path.join(work, name, "src"), os.path.join(work, name, "path")
+    shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+    with tarfile.open(spec) as tf:
+        tf.extractall(src, filter="data")
+    if not os.path.isdir(os.path.join(src, "core")):
+        raise SystemExit(f"--tree {name}={spec}: no core/ in the archive (want git archive REV core "
+                         f"{' '.join(PACKAGES)})")
+    pkg = os.path.join(root, "kog")
+    os.makedirs(pkg)
+    for f in os.listdir(os.path.join(src, "core")):
+        os.symlink(os.path.join(src, "core", f), os.path.join(pkg, f))
+    for p in PACKAGES:
+        os.symlink(os.path.join(src, p), os.path.join(pkg, p))
+    return root
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """Per tree: the median tok/s over every timed launch of every round, its min and max, the check."""
     out = {}
@@ -151,7 +179,7 @@ def main() -> None:
     if min(a.prompt_tokens, a.new_tokens) < 1 or a.max_seq < a.prompt_tokens + max(a.new_tokens, CHECK):
         ap.error(f"--max-seq {a.max_seq} holds fewer than the {a.prompt_tokens + max(a.new_tokens, CHECK)} "
                  f"positions a run writes (or a token count < 1)")
-    trees = dict(t.split("=", 1) for t in a.tree)
+    trees = {n: tree_dir(n, spec, "/tmp/kog-ab-trees") for n, spec in (t.split("=", 1) for t in a.tree)}
     base = next(iter(trees))
     overrides = _parse_overrides(a.override, trees, ap)
     from kog.provenance import package_versions

@@ -397,6 +397,34 @@ def test_ab_trees_summarizes_rounds_and_keeps_a_failed_process(tmp_path):
     assert set(out) == {"error"} and out["error"].startswith("exit 1") and "no-such-preset" in out["error"]
 
 
+def test_ab_trees_unpacks_a_git_archive_as_an_importable_tree(tmp_path):
+    """--tree NAME=X.tar: the archive of core/ and the subpackages (git archive) is unpacked and linked so that
+    `import kog.engine...` in the tree's processes resolves to the archive's copy; an archive without core/ is
+    one clear usage line, not a traceback; a directory is used as it is."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    ab = _load_bench_script("ab_trees")
+    repo = Path(__file__).resolve().parents[1]
+    tar = tmp_path / "main.tar"
+    with tarfile.open(tar, "w") as tf:
+        for d in ("core",) + ab.PACKAGES:
+            tf.add(repo / d, arcname=d, filter=lambda ti: None if "__pycache__" in ti.name else ti)
+    root = ab.tree_dir("main", str(tar), str(tmp_path / "work"))
+    code = "import kog.engine.config as c, kog.fsutil as f; print(c.__file__); print(f.__file__)"
+    p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}, capture_output=True,
+                       text=True, check=True)
+    files = p.stdout.split()
+    assert len(files) == 2 and all(f.startswith(root) for f in files), files
+    assert ab.tree_dir("same", str(tmp_path), str(tmp_path / "work")) == str(tmp_path)
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tf:
+        tf.add(repo / "engine" / "config.py", arcname="engine/config.py")
+    with pytest.raises(SystemExit, match="no core/ in the archive"):
+        ab.tree_dir("bad", str(bad), str(tmp_path / "work"))
+
+
 def test_ab_trees_overrides_name_a_tree_and_hold_a_json_object():
     """--override NAME=JSON: accepted for a named tree with a JSON object; an unknown tree, JSON that does not
     parse or is not an object is a usage error (exit 2), not a traceback mid-run."""
