@@ -15,8 +15,8 @@ python3 bench/ab_trees.py OUT.json --tree base=DIR|TAR --tree new=DIR|TAR [--pre
 --override changes EngineConfig fields of one tree's config (the rule's, then these): the same tree may run
 twice under two names, one with the override. A tree DIR holds an importable `kog` package (e.g. what
 bench/device_env.sh links); a TAR (`git archive REV core probe tune engine reports > main.tar`, carried to the
-device) is unpacked and linked the same way under /tmp. Writes OUT.json after every process (a timeout keeps what ran). KOG_GIT_COMMIT
-names the commit of the tree run from this checkout.
+device) is unpacked and linked the same way under /tmp. Writes OUT.json after every process (a timeout keeps
+what ran). KOG_GIT_COMMIT names the commit of the tree run from this checkout.
 """
 from __future__ import annotations
 
@@ -103,8 +103,11 @@ def tree_dir(name: str, spec: str, work: str) -> str:
     import tarfile
     src, root = os.path.join(work, name, "src"), os.path.join(work, name, "path")
     shutil.rmtree(os.path.join(work, name), ignore_errors=True)
-    with tarfile.open(spec) as tf:
-        tf.extractall(src, filter="data")
+    try:
+        with tarfile.open(spec) as tf:
+            tf.extractall(src, filter="data")
+    except (OSError, tarfile.TarError) as e:
+        raise SystemExit(f"--tree {name}={spec}: not a readable tar archive ({e})")
     if not os.path.isdir(os.path.join(src, "core")):
         raise SystemExit(f"--tree {name}={spec}: no core/ in the archive (want git archive REV core "
                          f"{' '.join(PACKAGES)})")
@@ -179,11 +182,12 @@ def main() -> None:
     if min(a.prompt_tokens, a.new_tokens) < 1 or a.max_seq < a.prompt_tokens + max(a.new_tokens, CHECK):
         ap.error(f"--max-seq {a.max_seq} holds fewer than the {a.prompt_tokens + max(a.new_tokens, CHECK)} "
                  f"positions a run writes (or a token count < 1)")
-    trees = {n: tree_dir(n, spec, "/tmp/kog-ab-trees") for n, spec in (t.split("=", 1) for t in a.tree)}
+    specs = dict(t.split("=", 1) for t in a.tree)
+    trees = {n: tree_dir(n, spec, "/tmp/kog-ab-trees") for n, spec in specs.items()}
     base = next(iter(trees))
     overrides = _parse_overrides(a.override, trees, ap)
     from kog.provenance import package_versions
-    doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": trees,
+    doc = {"git_commit": os.environ.get("KOG_GIT_COMMIT"), "versions": package_versions(), "trees": specs,
            "overrides": overrides,
            "mode": a.mode, "rounds": a.rounds,
            "launches_per_process": LAUNCHES, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens,

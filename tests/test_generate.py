@@ -399,8 +399,8 @@ def test_ab_trees_summarizes_rounds_and_keeps_a_failed_process(tmp_path):
 
 def test_ab_trees_unpacks_a_git_archive_as_an_importable_tree(tmp_path):
     """--tree NAME=X.tar: the archive of core/ and the subpackages (git archive) is unpacked and linked so that
-    `import kog.engine...` in the tree's processes resolves to the archive's copy; an archive without core/ is
-    one clear usage line, not a traceback; a directory is used as it is."""
+    `import kog.engine...` in the tree's processes resolves to the archive's copy; an archive without core/ or a
+    missing one is one clear usage line, not a traceback; a directory is used as it is."""
     import os
     import subprocess
     import sys
@@ -423,6 +423,8 @@ def test_ab_trees_unpacks_a_git_archive_as_an_importable_tree(tmp_path):
         tf.add(repo / "engine" / "config.py", arcname="engine/config.py")
     with pytest.raises(SystemExit, match="no core/ in the archive"):
         ab.tree_dir("bad", str(bad), str(tmp_path / "work"))
+    with pytest.raises(SystemExit, match="not a readable tar archive"):
+        ab.tree_dir("gone", str(tmp_path / "gone.tar"), str(tmp_path / "work"))
 
 
 def test_ab_trees_overrides_name_a_tree_and_hold_a_json_object():
