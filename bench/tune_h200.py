@@ -49,8 +49,10 @@ def main() -> int:
     ap.add_argument("--search-trials", type=int, default=60)
     ap.add_argument("--search-reserve-s", type=float, default=190.0,
                     help="seconds kept for the search (the sweep stops starting configs before)")
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    # unset: the trials' own protocol (objective.TRIAL_DEFAULTS); a value set here reaches the search's closing
+    # confirmation too, which otherwise runs the bench's longer protocol (search.CONFIRM_PROTOCOL)
+    ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--compile-processes", type=int, default=None, help="default: CPU cores - 2")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--study", default="tune-h200", help="the search's study name (kog.tune.promote names it)")
@@ -63,7 +65,8 @@ def main() -> int:
     os.environ.setdefault("KOG_TUNED_DIR", str(out / "tuned"))
     os.environ.setdefault("KOG_RUNS_DIR", str(out / "runs"))
     end = T0 + a.budget_s
-    extra = {"tokens": a.tokens, "repeats": a.repeats, **(json.loads(a.payload) if a.payload else {})}
+    extra = {k: v for k, v in (("tokens", a.tokens), ("repeats", a.repeats)) if v is not None}
+    extra.update(json.loads(a.payload) if a.payload else {})
     R: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "model": a.model, "budget_s": a.budget_s,
                "git_commit": os.environ.get("KOG_GIT_COMMIT"), "trial": None, "versions": versions()}
     from kog.tune.objective import TRIAL_DEFAULTS
