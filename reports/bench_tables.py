@@ -41,7 +41,7 @@ def rel_errs(doc: dict, rec: dict) -> tuple[float | None, float | None]:
     return (rec.get("max_rel_err_fp32_ref") if doc.get("reference_max_rel_err_vs_fp32") is not None else e16), e16
 
 
-KOG = ("kog-targeted", "kog-grid")
+KOG = ("kog-targeted", "kog-grid", "kog-rule")      # kog's systems: never a baseline; kog-rule: the rule's config
 
 
 def rated_tok_per_s(s: Any) -> float | None:

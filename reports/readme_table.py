@@ -158,14 +158,31 @@ def notes(benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
             for fact, models in facts.items()]
 
 
+def tuned_against_rule(benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per bench whose kog-targeted ran a tuned config and that timed kog-rule (the platform's rule)
+    in the same run: both rates and the gain, and where the tuned config came from."""
+    lines = []
+    for _, doc in benches:
+        s = doc["systems"]
+        tg, rule = s.get("kog-targeted") or {}, s.get("kog-rule") or {}
+        a, b = rated_tok_per_s(tg), rated_tok_per_s(rule)
+        if a and b:
+            lines.append(f"- {doc.get('model')}: {fmt_tps(a)} tok/s ({tg.get('config_source', 'tuned')}) against "
+                         f"the rule's {fmt_tps(b)}, {100 * (a / b - 1):+.1f}%.")
+    return lines
+
+
 def results_block(benches: list[tuple[str, dict[str, Any]]]) -> str:
     extra = notes(benches)
+    tuned = tuned_against_rule(benches)
     tg = targets(benches)
     met = sum(ok for _, items in tg for ok, _ in items)
     n = sum(len(items) for _, items in tg)
     dev = benches[0][1].get("device") if benches else None
     dev = dev.get("name") if isinstance(dev, dict) else dev
-    return "\n".join([BEGIN, "", markdown_table(benches), "", *(extra + [""] if extra else []),
+    tuned_part = (["`kog-targeted` with a tuned config against `kog-rule` (the same engine with the rule's config) "
+                   "in the same run:", "", *tuned, ""] if tuned else [])
+    return "\n".join([BEGIN, "", markdown_table(benches), "", *(extra + [""] if extra else []), *tuned_part,
                       f"Targets on the {dev}, from the same files: {met} of {n} met.", "",
                       *(f"- {model}: " + "; ".join(t for _, t in items) + "." for model, items in tg), "", END])
 

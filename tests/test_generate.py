@@ -356,6 +356,52 @@ def test_kog_systems_run_the_monokernel_with_the_tuned_config(tmp_path, monkeypa
 
 
 
+def test_kog_rule_runs_the_rule_whatever_is_stored(tmp_path, monkeypatch):
+    """kog-rule: targeted mode with the platform's rule while kog-targeted runs the stored config, each naming
+    where its config came from; the bench times kog-rule by default only where the two configs differ."""
+    from kog.engine.engine_config import EngineConfig
+    from kog.engine.monokernel import platform_default
+    from kog.tune import bench, store
+    from kog.tune.systems import tuned_differs_from_rule
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path / "tuned"))
+    cfg = preset("tiny")
+    w = random_weights(cfg, "cpu", seed=3, dtype=torch.float32)
+    systems = bench.available_systems()
+    monkeypatch.setattr(bench, "DEFAULT_SYSTEMS", ("reference-eager", bench.RULE_SYSTEM))
+    # a stand-in for kog-rule: the selection is what this bench checks, the interpreter runs the real one below
+    monkeypatch.setitem(bench._REGISTRY, bench.RULE_SYSTEM, bench._REGISTRY["reference-eager"])
+
+    def benched() -> set[str]:
+        out, _ = bench.run_bench("tiny", tokens=2, prompt_tokens=3, repeats=1, runs_dir=str(tmp_path / "runs"),
+                                 progress=False, cpu_for_tests=True)
+        return set(out["systems"])
+
+    assert not tuned_differs_from_rule(cfg, "cpu", 70)
+    assert benched() == {"reference-eager"}
+    stored = EngineConfig(block_k=64, bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=64, attn_block=16,
+                          sync_rows=32)
+    assert store.save_best("cpu", cfg, stored, 1.0, {"backend": "gpu"})
+    assert tuned_differs_from_rule(cfg, "cpu", 70)
+    assert benched() == {"reference-eager", bench.RULE_SYSTEM}
+    rule, tuned = systems["kog-rule"](cfg, w, "cpu"), systems["kog-targeted"](cfg, w, "cpu")
+    assert rule.ecfg == platform_default(cfg, "cpu", None).replace(mode="targeted") != tuned.ecfg
+    assert (rule.config_source, tuned.config_source) == ("rule", "stored")
+    prompt = [5, 17, 33, 2, 9]
+    want = Reference(cfg, w, 64, compute_dtype=torch.float32).greedy(prompt, 2)
+    assert list(rule.generate(prompt, 2)[0]) == want
+
+
+def test_tuned_choice_names_the_builtin_study(monkeypatch, tmp_path):
+    """Where the built-in table answers, the source names the study behind the entry."""
+    from kog.tune import store
+    monkeypatch.setenv("KOG_TUNED_DIR", str(tmp_path))
+    builtin = json.loads(store.BUILTIN.read_text())
+    e = next(iter(builtin["entries"].values()))
+    cfg = preset(e["model"])
+    monkeypatch.setattr(store, "_device_name", lambda device=None: e["device"])
+    ecfg, source = store.tuned_choice(cfg, None, None)
+    assert ecfg == store.engine_config(e["config"]) and source == f"built-in entry, study {e['source']['study']}"
+
 def _load_bench_script(name: str):
     """bench/<name>.py as a module (the bench scripts are not part of the package)."""
     repo = Path(__file__).resolve().parents[1]

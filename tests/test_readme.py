@@ -122,3 +122,16 @@ def test_readme_table_cli(tmp_path, capsys):
     text = readme.read_text()
     assert "old" not in text and text.endswith("\n\ntail\n") and "| 1,234.6 |" in text
     assert RT.main([str(junk)]) == 2
+
+
+def test_tuned_config_against_the_rule_line():
+    """A bench that timed kog-rule beside a tuned kog-targeted gets one line with both rates and the gain."""
+    doc = json.loads((REPO / "bench/h200/llama-3.2-1b.json").read_text())
+    doc["systems"]["kog-targeted"].update(tok_per_s=1100.0, config_source="built-in entry, study s")
+    doc["systems"]["kog-rule"] = {"tok_per_s": 1000.0, "max_rel_err": 1e-3}
+    assert RT.tuned_against_rule([("b.json", doc)]) == [
+        "- llama-3.2-1b: 1,100.0 tok/s (built-in entry, study s) against the rule's 1,000.0, +10.0%."]
+    assert RT.fastest_baseline(doc)[0] != "kog-rule"
+    assert "the rule's 1,000.0" in RT.results_block([("b.json", doc)])
+    del doc["systems"]["kog-rule"]
+    assert RT.tuned_against_rule([("b.json", doc)]) == []

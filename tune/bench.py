@@ -11,8 +11,9 @@ object with
 A run that returns fewer than n tokens (stopped at EOS) is rated over the tokens it made and marked
 stopped_early; a system should ignore EOS under the bench.
 
-The baselines (kog.tune.baselines) and the monokernel's kog-targeted and kog-grid (kog.tune.systems) are
-registered here; the latter show as 'error: not built' when kog.engine.monokernel does not import.
+The baselines (kog.tune.baselines) and the monokernel's kog-targeted, kog-grid and kog-rule (kog.tune.systems)
+are registered here; the latter show as 'error: not built' when kog.engine.monokernel does not import. kog-rule
+(targeted mode with the platform's rule) is benched by default only where kog-targeted runs a tuned config.
 
 Correctness gate: max_rel_err = max over teacher-forced steps j of max_v |a[j,v] - b[j,v]| / max_v |b[j,v]|,
 b the oracle's logits for the model-dtype Reference's own greedy tokens. The oracle (top-level
@@ -38,8 +39,12 @@ from kog.errors import KogError, NotBuiltError, UsageError
 
 _REGISTRY: dict[str, Callable] = {}
 KOG_SYSTEMS = {"kog-targeted": "targeted", "kog-grid": "grid"}     # system -> sync mode
+# targeted mode with the platform's rule, whatever config is stored or built in; benched by default only where
+# kog-targeted runs another config (a tuned entry), so the run holds what the entry gains over the rule
+RULE_SYSTEM = "kog-rule"
 # Baselines first: a monokernel that faults the CUDA context then cannot take the baselines' numbers with it.
-DEFAULT_SYSTEMS = ("torch-compile", "hf-compile", "cuda-graph", "hf-transformers", "kog-grid", "kog-targeted")
+DEFAULT_SYSTEMS = ("torch-compile", "hf-compile", "cuda-graph", "hf-transformers", "kog-grid", "kog-targeted",
+                   RULE_SYSTEM)
 BREAKDOWN_CATEGORIES = ("streaming", "waiting", "barrier", "other")
 # The instrumented run's trace goes into the run as table `timeline`: whole traced tokens, at most this
 # many rows per system (at least one token), so a bench run stays a few MB and its report draws quickly.
@@ -80,23 +85,24 @@ def _monokernel_missing() -> str | None:
     return None
 
 
-def _kog_factory(mode: str) -> Callable:
+def _kog_factory(mode: str, rule: bool = False) -> Callable:
     def factory(cfg, weights, device):
         from kog.tune.systems import KogSystem
-        return KogSystem(cfg, weights, device, mode)
+        return KogSystem(cfg, weights, device, mode, rule=rule)
     return factory
 
 
 def available_systems() -> dict[str, Callable]:
-    """The registry: the baselines, and kog-targeted / kog-grid (not-built stand-ins where the monokernel
-    does not import)."""
+    """The registry: the baselines, and kog-targeted / kog-grid / kog-rule (not-built stand-ins where the
+    monokernel does not import)."""
     from kog.tune.baselines import BASELINES
     for name, cls in BASELINES.items():
         _REGISTRY.setdefault(name, cls)
-    if not all(k in _REGISTRY for k in KOG_SYSTEMS):
+    kog = {**{name: (mode, False) for name, mode in KOG_SYSTEMS.items()}, RULE_SYSTEM: ("targeted", True)}
+    if not all(k in _REGISTRY for k in kog):
         why = _monokernel_missing()
-        for name, mode in KOG_SYSTEMS.items():
-            _REGISTRY.setdefault(name, _not_built(name, why) if why else _kog_factory(mode))
+        for name, (mode, rule) in kog.items():
+            _REGISTRY.setdefault(name, _not_built(name, why) if why else _kog_factory(mode, rule))
     return dict(_REGISTRY)
 
 
@@ -395,7 +401,7 @@ def bench_system(name: str, factory: Callable, cfg, weights, device, prompt: lis
                     traces[name] = sample_timeline(tt)
                 except Exception as e:
                     rec["timeline_error"] = f"{type(e).__name__}: {e}"[:500]
-        for attr in ("compile_seconds", "note", "cache_implementation"):
+        for attr in ("compile_seconds", "note", "cache_implementation", "config_source"):
             if getattr(sysobj, attr, None) not in (None, ""):
                 rec[attr] = getattr(sysobj, attr)
         ecfg = getattr(sysobj, "ecfg", None)
@@ -426,6 +432,15 @@ def _systems_arg(spec: str | None, known: dict[str, Callable]) -> list[str]:
     return names
 
 
+def _rule_differs(cfg, device, need: int) -> bool:
+    """Whether kog-targeted runs a tuned config other than kog-rule's (False where that cannot be told)."""
+    try:
+        from kog.tune.systems import tuned_differs_from_rule
+        return tuned_differs_from_rule(cfg, device, need)
+    except Exception:       # no monokernel here: kog-rule would only repeat kog-targeted's error
+        return False
+
+
 def run_bench(model: str, tokens: int = 256, prompt_tokens: int = 64, repeats: int = 5,
               systems: str | None = None, runs_dir: str | None = None, json_out: str | None = None,
               argv: list[str] | None = None, progress: bool = True, seed: int = 0,
@@ -450,6 +465,8 @@ def run_bench(model: str, tokens: int = 256, prompt_tokens: int = 64, repeats: i
     t_bench = time.perf_counter()
     cfg, w = resolve_model(model, device, seed=seed)
     wall = {"model": time.perf_counter() - t_bench}
+    if not systems and RULE_SYSTEM in names and not _rule_differs(cfg, device, prompt_tokens + tokens + 1):
+        names.remove(RULE_SYSTEM)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, cfg.vocab_size, (prompt_tokens,), generator=g).tolist()
 

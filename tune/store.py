@@ -134,13 +134,19 @@ def builtin_config(device_name: str, model_cfg: ModelConfig) -> EngineConfig | N
     sweeps on the lent H200 found and the committed bench ran, with the file that shows it), or None.
     Matched on device, shape signature and dtype, not on kog's version. tuned_config consults it after the
     user's store (best_config) and before the platform's built-in rule."""
+    e = builtin_entry(device_name, model_cfg)
+    try:
+        return None if e is None else engine_config(e["config"])
+    except Exception:
+        return None
+
+
+def builtin_entry(device_name: str, model_cfg: ModelConfig) -> dict[str, Any] | None:
+    """The built-in table's entry (config, tok/s, source study) for this device and model shape, or None."""
     sig = shape_signature(model_cfg)
     for e in _load(BUILTIN, user_store=False)["entries"].values():
         if e.get("device") == device_name and e.get("shape") == sig and e.get("dtype") == model_cfg.dtype:
-            try:
-                return engine_config(e["config"])
-            except Exception:
-                return None
+            return e
     return None
 
 
@@ -158,17 +164,26 @@ def tuned_config(model_cfg: ModelConfig, device=None, span: int | None = None) -
     (best_config), else kog's own measured one (builtin_config), the first that fits the span
     (kog.engine.engine_config.fits); else the platform's default for that span
     (kog.engine.monokernel.platform_default)."""
+    return tuned_choice(model_cfg, device, span)[0]
+
+
+def tuned_choice(model_cfg: ModelConfig, device=None, span: int | None = None) -> tuple[EngineConfig, str]:
+    """tuned_config's config and where it came from: "stored" (the user's store), "built-in entry, study NAME" or
+    "rule"."""
     from kog.engine.engine_config import fits
     name = _device_name(device)
-    for lookup in (best_config, builtin_config):
+    for lookup, source in ((best_config, "stored"), (builtin_config, "built-in entry")):
         try:
             cfg = lookup(name, model_cfg)
             if cfg is not None and fits(cfg, model_cfg, span):
-                return cfg
+                if lookup is builtin_config:
+                    study = ((builtin_entry(name, model_cfg) or {}).get("source") or {}).get("study")
+                    source = f"built-in entry, study {study}" if study else source
+                return cfg, source
         except Exception:     # an unreadable entry must not stop the engine: the next source answers
             continue
     from kog.engine.monokernel import platform_default
-    return platform_default(model_cfg, device, span)
+    return platform_default(model_cfg, device, span), "rule"
 
 
 def entries() -> list[dict[str, Any]]:
