@@ -283,6 +283,7 @@ def bench_sections(run, out: Path) -> list[Section]:
                          "max rel err vs float32": rel_errs(doc, s)[0],
                          f"vs {doc.get('dtype', 'model-dtype')} reference": rel_errs(doc, s)[1],
                          "compile (s)": s.get("compile_seconds"),
+                         "config": s.get("config_source"),
                          "note": s.get("note") or s.get("stopped_early"),
                          "error": s.get("error") or s.get("max_rel_err_error") or s.get("breakdown_error")
                          or error_for(run, n)})

@@ -191,7 +191,7 @@ def bench_document(model: str = "llama-3.2-1b", seed: int = 0, speed: float = 1.
                 barrier = 0.0
                 waiting = max(tok - stream - 0.03 * tok, 0.02 * tok)
             other = max(tok - stream - barrier - waiting, 0.0)
-            s.update(max_rel_err=float(rng.uniform(2e-3, 9e-3)),
+            s.update(max_rel_err=float(rng.uniform(2e-3, 9e-3)), config_source="rule",
                      breakdown={"streaming": stream, "waiting": waiting, "barrier": barrier, "other": other})
         systems[name] = s
     return {"device": "NVIDIA H200", "date": "2026-11-29T12:00:00+00:00", "git_commit": "0123abc",

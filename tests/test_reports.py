@@ -211,6 +211,7 @@ def test_bench_report_sections_and_escaping(bench_html):
     assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     for name in ("kog-targeted", "kog-grid", "torch-compile", "cuda-graph", "hf-transformers"):
         assert name in secs["throughput"]
+    assert "<th>config</th>" in secs["throughput"] and "<td>rule</td>" in secs["throughput"]
     assert "35%" in secs["sync-share"] and "30.0%" in secs["sync-share"]
     assert_offline(html)
 
