@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tokens", type=int, default=256, help="new tokens per run")
     b.add_argument("--prompt-tokens", type=int, default=64, help="prompt length in tokens")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per system (the median is reported)")
-    b.add_argument("--systems", default=None, help="comma-separated subset of systems (default: all)")
+    b.add_argument("--systems", default=None,
+                   help="comma-separated subset of systems (default: all; kog-rule, the engine with the "
+                        "platform's rule, only where kog-targeted runs a tuned config)")
     b.add_argument("--out", default=None, metavar="OUT",
                    help="also write the bench JSON to the file OUT (default: only RUN/bench.json)")
     b.add_argument("--json", action="store_true", help="print the bench JSON on stdout")
