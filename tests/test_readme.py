@@ -135,3 +135,25 @@ def test_tuned_config_against_the_rule_line():
     assert "the rule's 1,000.0" in RT.results_block([("b.json", doc)])
     del doc["systems"]["kog-rule"]
     assert RT.tuned_against_rule([("b.json", doc)]) == []
+
+
+def test_the_search_target_is_judged_on_the_presets_furthest_from_their_limit():
+    """The search's target names the two presets with the lowest share of their limit and is met only where
+    both ran a tuned config >= 5% over kog-rule in the same run."""
+    base = json.loads((REPO / "bench/h200/llama-3.2-1b.json").read_text())
+
+    def doc(model, share, tuned=None):
+        d = json.loads(json.dumps(base))
+        d["model"] = model
+        d["systems"]["kog-targeted"]["tok_per_s"] = share * d["limit_tok_per_s"]
+        if tuned is not None:
+            d["systems"]["kog-rule"] = {"tok_per_s": share * d["limit_tok_per_s"] / (1 + tuned)}
+        return (f"{model}.json", d)
+
+    ok, what = RT.tuned_target([doc("a", 0.9), doc("b", 0.6, 0.06), doc("c", 0.7, 0.051)])
+    assert ok and "(b +6.0%, c +5.1%)" in what
+    ok, what = RT.tuned_target([doc("a", 0.5), doc("b", 0.6, 0.06)])
+    assert not ok and "a no tuned config benched" in what
+    ok, _ = RT.tuned_target([doc("a", 0.9, 0.2), doc("b", 0.6, 0.06), doc("c", 0.7, 0.04)])
+    assert not ok
+    assert RT.tuned_target([doc("a", 0.9)]) is None
