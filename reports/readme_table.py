@@ -163,16 +163,21 @@ def notes(benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
             for fact, models in facts.items()]
 
 
+def tuned_and_rule(doc: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(kog-targeted's, kog-rule's) median tok/s of one bench document; None where a system has no rate."""
+    s = doc["systems"]
+    return rated_tok_per_s(s.get("kog-targeted") or {}), rated_tok_per_s(s.get("kog-rule") or {})
+
+
 def tuned_against_rule(benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """One line per bench whose kog-targeted ran a tuned config and that timed kog-rule (the platform's rule)
     in the same run: both rates and the gain, and where the tuned config came from."""
     lines = []
     for _, doc in benches:
-        s = doc["systems"]
-        tg, rule = s.get("kog-targeted") or {}, s.get("kog-rule") or {}
-        a, b = rated_tok_per_s(tg), rated_tok_per_s(rule)
+        a, b = tuned_and_rule(doc)
         if a and b:
-            lines.append(f"- {doc.get('model')}: {fmt_tps(a)} tok/s ({tg.get('config_source', 'tuned')}) against "
+            source = (doc["systems"].get("kog-targeted") or {}).get("config_source", "tuned")
+            lines.append(f"- {doc.get('model')}: {fmt_tps(a)} tok/s ({source}) against "
                          f"the rule's {fmt_tps(b)}, {100 * (a / b - 1):+.1f}%.")
     return lines
 
@@ -181,19 +186,15 @@ def tuned_target(benches: list[tuple[str, dict[str, Any]]]) -> tuple[bool, str] 
     """The search's target: on the TARGET_TUNED_PRESETS presets whose kog-targeted runs furthest below their
     limit, kog-targeted's tuned config beats kog-rule by TARGET_TUNED_GAIN in the same run; (met, what) or
     None without enough rated presets."""
-    share = {}
+    rated = {}
     for _, doc in benches:
-        tg = rated_tok_per_s(doc["systems"].get("kog-targeted") or {})
-        if tg:
-            share[str(doc.get("model"))] = (tg / float(doc["limit_tok_per_s"]), doc)
-    if len(share) < TARGET_TUNED_PRESETS:
+        a, b = tuned_and_rule(doc)
+        if a:
+            rated[str(doc.get("model"))] = (a / float(doc["limit_tok_per_s"]), None if not b else a / b - 1)
+    if len(rated) < TARGET_TUNED_PRESETS:
         return None
-    weakest = sorted(share, key=lambda m: share[m][0])[:TARGET_TUNED_PRESETS]
-    gains = []
-    for m in weakest:
-        s = share[m][1]["systems"]
-        a, b = rated_tok_per_s(s.get("kog-targeted") or {}), rated_tok_per_s(s.get("kog-rule") or {})
-        gains.append((m, None if not (a and b) else a / b - 1))
+    weakest = sorted(rated, key=lambda m: rated[m][0])[:TARGET_TUNED_PRESETS]
+    gains = [(m, rated[m][1]) for m in weakest]
     ok = all(g is not None and g >= TARGET_TUNED_GAIN for _, g in gains)
     said = ", ".join(f"{m} {'no tuned config benched' if g is None else f'{100 * g:+.1f}%'}" for m, g in gains)
     return ok, (f"a tuned config beats `kog-rule` by >= {TARGET_TUNED_GAIN:.0%} in the same run on the "

@@ -355,7 +355,6 @@ def test_kog_systems_run_the_monokernel_with_the_tuned_config(tmp_path, monkeypa
     assert float((got.float() - ref).abs().max() / ref.abs().max()) < 1e-4
 
 
-
 def test_kog_rule_runs_the_rule_whatever_is_stored(tmp_path, monkeypatch):
     """kog-rule: targeted mode with the platform's rule while kog-targeted runs the stored config, each naming
     where its config came from; the bench times kog-rule by default only where the two configs differ."""
@@ -401,6 +400,7 @@ def test_tuned_choice_names_the_builtin_study(monkeypatch, tmp_path):
     monkeypatch.setattr(store, "_device_name", lambda device=None: e["device"])
     ecfg, source = store.tuned_choice(cfg, None, None)
     assert ecfg == store.engine_config(e["config"]) and source == f"built-in entry, study {e['source']['study']}"
+
 
 def _load_bench_script(name: str):
     """bench/<name>.py as a module (the bench scripts are not part of the package)."""

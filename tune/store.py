@@ -172,18 +172,28 @@ def tuned_choice(model_cfg: ModelConfig, device=None, span: int | None = None) -
     "rule"."""
     from kog.engine.engine_config import fits
     name = _device_name(device)
-    for lookup, source in ((best_config, "stored"), (builtin_config, "built-in entry")):
+    for lookup in (_stored_choice, _builtin_choice):
         try:
-            cfg = lookup(name, model_cfg)
+            cfg, source = lookup(name, model_cfg)
             if cfg is not None and fits(cfg, model_cfg, span):
-                if lookup is builtin_config:
-                    study = ((builtin_entry(name, model_cfg) or {}).get("source") or {}).get("study")
-                    source = f"built-in entry, study {study}" if study else source
                 return cfg, source
         except Exception:     # an unreadable entry must not stop the engine: the next source answers
             continue
     from kog.engine.monokernel import platform_default
     return platform_default(model_cfg, device, span), "rule"
+
+
+def _stored_choice(device_name: str, model_cfg: ModelConfig) -> tuple[EngineConfig | None, str]:
+    return best_config(device_name, model_cfg), "stored"
+
+
+def _builtin_choice(device_name: str, model_cfg: ModelConfig) -> tuple[EngineConfig | None, str]:
+    """The built-in entry's config (engine_config raises on an unreadable one) and its source, study named."""
+    e = builtin_entry(device_name, model_cfg)
+    if e is None:
+        return None, ""
+    study = (e.get("source") or {}).get("study")
+    return engine_config(e["config"]), f"built-in entry, study {study}" if study else "built-in entry"
 
 
 def entries() -> list[dict[str, Any]]:
