@@ -335,6 +335,37 @@ def streaming_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     return tab[tab[STREAMING_COLUMNS[1:4]].sum(axis=1) > 0].rename_axis("phase").reset_index()
 
 
+GAP_COLUMNS = ["phase", "next_phase", "per_cta", "median_us", "p90_us", "us_per_cta"]
+ALL_GAPS = "all"
+
+
+def gap_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
+    """The gaps between a CTA's consecutive tasks over the traced tokens of `system`, by the phase of the task
+    before (phase) and after (next_phase): how many a CTA has a token, their median and 90th percentile, and
+    what they add up to a CTA a token; a last row (phase ALL_GAPS) sums every pair. A gap is what a CTA does
+    between two tasks: decode the next task's row and, in targeted mode, publish the tiles it holds when the
+    next task releases another counter (a CTA barrier and a release fence): most of the breakdown's "other".
+    A pair whose median is far above the others' is a slow publish. Needs the timeline's cta and start_ns
+    columns; empty without them."""
+    t = _system_tasks(tl, system, {"step", "phase", "cta", "start_ns", "end_ns"})
+    if t is None:
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    t = t.sort_values(["step", "cta", "start_ns"])
+    nxt = t.groupby(["step", "cta"])
+    g = pd.DataFrame({"phase": t["phase"], "next_phase": nxt["phase"].shift(-1),
+                      "gap": (nxt["start_ns"].shift(-1) - t["end_ns"]) / 1e3}).dropna()
+    if g.empty:
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    per = t["step"].nunique() * t["cta"].nunique()       # CTA-tokens
+    tab = g.groupby(["phase", "next_phase"])["gap"].agg(
+        per_cta="size", median_us="median", p90_us=lambda x: x.quantile(0.9), us_per_cta="sum").reset_index()
+    tab[["per_cta", "us_per_cta"]] /= per
+    tab = tab.sort_values(["phase", "next_phase"], key=lambda c: c.map(_phase_key)).reset_index(drop=True)
+    total = {"phase": ALL_GAPS, "next_phase": "", "per_cta": len(g) / per, "median_us": g["gap"].median(),
+             "p90_us": g["gap"].quantile(0.9), "us_per_cta": g["gap"].sum() / per}
+    return pd.concat([tab, pd.DataFrame([total])], ignore_index=True)[GAP_COLUMNS]
+
+
 ATTN_TIMING_COLUMNS = ["split", "start_us", "wait_end_us", "end_us", "merged", "layers"]
 
 

@@ -1,7 +1,7 @@
 """Where one token's time goes, layer by layer, from an instrumented run's per-task trace (no GPU needed).
 
     python -m kog.reports.layer_anatomy [RUN_DIR] [--system kog-targeted] [--json OUT] [--hops] [--tails]
-                                        [--streaming] [--attn ATTN_PARQUET]
+                                        [--streaming] [--gaps] [--attn ATTN_PARQUET]
 
 Reads the `timeline` table and bench.json of a `kogtune bench` run directory (default: the bundled
 reports/data/h200_bench_run) and prints, per critical-path segment of a layer (the last task of one phase
@@ -13,7 +13,9 @@ hand-off, the first and later tasks; the hop anatomy in docs/engine-notes.md). -
 phase's last CTA is last, over every traced token (kog.reports.bench_tables.tail_table: it began late, waited
 more, streamed longer or had more tasks; whether the same CTA is last again the next token). --streaming adds
 how many CTAs keep the weight stream going over the token, by phase (kog.reports.bench_tables.streaming_table:
-the time too few CTAs stream to keep the HBM busy is where a wait costs). RUN_DIR may also be a
+the time too few CTAs stream to keep the HBM busy is where a wait costs). --gaps adds the gaps between a
+CTA's consecutive tasks by the phases on either side (kog.reports.bench_tables.gap_table: the task rows'
+decode and the publishes, most of the breakdown's "other"). RUN_DIR may also be a
 timeline parquet that bench/engine_check.py --save-timeline wrote (no bench.json: no streaming columns).
 --attn adds, from the split stamps that `--save-timeline --attn-stamps` wrote beside it (attn_t<i>.parquet),
 when each attention split starts, ends its wait and ends against its layer's qkv phase end
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
+from kog.reports.bench_tables import (attn_split_timing, critical_path_table, gap_table, hop_table, layer_segments,
                                       model_shapes_of, phase_weight_bytes, streaming_table, tail_table)
 
 from kog.reports.cli import BUNDLED_BENCH_RUN
@@ -44,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tails", action="store_true", help="also why each phase's last CTA is last (tail_table)")
     ap.add_argument("--streaming", action="store_true",
                     help="also how many CTAs stream over the token, by phase (streaming_table)")
+    ap.add_argument("--gaps", action="store_true",
+                    help="also the gaps between a CTA's consecutive tasks, by the phases around them (gap_table)")
     ap.add_argument("--attn", default=None, metavar="ATTN_PARQUET",
                     help="also the attention splits' timing from this split-stamps parquet (attn_split_timing)")
     a = ap.parse_args(argv)
@@ -82,6 +86,9 @@ def main(argv=None) -> int:
         print("\nus a token with at most 1/8 (few), 1/2 (half) or more (most) of the CTAs streaming, by the phase "
               "most of them run (means over tokens)")
         print(streaming_table(tl, a.system).set_index("phase").round(3).to_string())
+    if a.gaps:
+        print("\ngaps between a CTA's consecutive tasks, by the phases before and after (a CTA a token; us)")
+        print(gap_table(tl, a.system).set_index(["phase", "next_phase"]).round(3).to_string())
     if a.json:
         from kog.fsutil import atomic_write_text
         atomic_write_text(a.json, json.dumps({"model": bench.get("model"), "system": a.system, "run": run.name,

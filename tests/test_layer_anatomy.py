@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kog.reports import layer_anatomy as la
-from kog.reports.bench_tables import (attn_split_timing, critical_path_table, hop_table, layer_segments,
+from kog.reports.bench_tables import (attn_split_timing, critical_path_table, gap_table, hop_table, layer_segments,
                                       phase_weight_bytes, streaming_table, tail_table)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,3 +150,31 @@ def test_attn_split_timing_of_a_synthetic_trace(tmp_path, capsys):
     assert "attention splits against" in capsys.readouterr().out
     assert la.main([str(f), "--system", "s", "--attn", str(tmp_path / "none.parquet")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_gap_table_sums_the_gaps_between_a_ctas_tasks_by_the_phases_around_them():
+    # 2 CTAs, 2 tokens: gate_up, gate_up (0.1 us apart), down 2 us after the second gate_up; CTA 1's down
+    # comes 3 us after. Per CTA a token: one gate_up -> gate_up gap of 0.1, one gate_up -> down of 2 or 3 us
+    rows = []
+    for step in range(2):
+        z = 100_000 * step
+        for cta, hold in ((0, 2_000), (1, 3_000)):
+            rows += [dict(system="s", step=step, cta=cta, phase="gate_up", start_ns=z, end_ns=z + 1_000),
+                     dict(system="s", step=step, cta=cta, phase="gate_up", start_ns=z + 1_100, end_ns=z + 2_100),
+                     dict(system="s", step=step, cta=cta, phase="down", start_ns=z + 2_100 + hold, end_ns=z + 9_000)]
+    tab = gap_table(pd.DataFrame(rows), "s").set_index(["phase", "next_phase"])
+    assert list(tab.index) == [("gate_up", "gate_up"), ("gate_up", "down"), ("all", "")]
+    assert tab.loc[("gate_up", "gate_up")].tolist() == pytest.approx([1.0, 0.1, 0.1, 0.1])
+    assert tab.loc[("gate_up", "down"), ["per_cta", "median_us", "us_per_cta"]].tolist() == pytest.approx([1, 2.5, 2.5])
+    assert tab.loc[("all", ""), ["per_cta", "us_per_cta"]].tolist() == pytest.approx([2.0, 2.6])
+    assert gap_table(pd.DataFrame(rows).drop(columns="cta"), "s").empty
+    assert gap_table(pd.DataFrame(rows), "other").empty
+
+
+def test_the_bundled_runs_gaps_name_the_slow_publish(capsys):
+    """In the bundled llama-3.2-1b run the publish after a gate_up task costs several times the others."""
+    tl = pd.read_parquet(RUN / "timeline.parquet")
+    tab = gap_table(tl, "kog-targeted").set_index(["phase", "next_phase"])
+    assert tab.loc[("gate_up", "down"), "median_us"] > 3 * tab.loc[("o", "gate_up"), "median_us"]
+    assert 50 < tab.loc[("all", ""), "us_per_cta"] < 300
+    assert la.main(["--gaps"]) == 0 and "next_phase" in capsys.readouterr().out
