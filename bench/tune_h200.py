@@ -18,8 +18,8 @@ compiles the next 8 while measuring.
 
 Per-trial measurement (kog.tune.objective.TRIAL_DEFAULTS): a 16-token prompt, the correctness gate over 16
 teacher-forced tokens (max_rel_err <= 2e-2 against the reference), a 16-token warm-up, a 32-token short
-run (reported for pruning), then 3 timed runs of 128 tokens, median tok/s; KV cache of 640 positions (the
-attention split count of `kogtune bench`'s 64 + 512 run). At ~1.1 ms/token that is ~0.5 s of decoding
+run (reported for pruning), then 3 timed runs of 128 tokens, median tok/s; the KV cache of `kogtune bench`'s
+default run (321 positions: the kernel's build depends on it). At ~1.1 ms/token that is ~0.5 s of decoding
 plus the Monokernel build and the gate: ~1 s a trial.
 
 Wall budget: the sweep stops starting new configs at budget - search reserve (the rest of its rows are

@@ -416,7 +416,8 @@ def test_the_confirmation_remeasures_best_and_default_and_a_lucky_best_is_not_st
     assert (conf["best_trial"], conf["default_trial"], conf["rounds"]) == (1, 0, 2)
     assert conf["best_tok_per_s"] == [380.0, 380.0] and conf["default_tok_per_s"] == [400.0, 400.0]
     assert conf["gain"] == pytest.approx(-0.05) and not conf["errors"]
-    assert conf["protocol"] == {"prompt_tokens": 64, "tokens": 256}       # kogtune bench's, not the trials'
+    # kogtune bench's, not the trials': its prompt, its run and the KV cache it builds for them
+    assert conf["protocol"] == {"prompt_tokens": 64, "tokens": 256, "max_seq": 321}
     stored = _confirmed_best(st, {"number": 1, "tok_per_s": 430.0, "config": EngineConfig(bn_qkv=4).to_dict()})
     assert stored["number"] == 0 and stored["config"] == EngineConfig(bn_qkv=8).to_dict()
     # a best that holds is stored as it is
@@ -426,7 +427,24 @@ def test_the_confirmation_remeasures_best_and_default_and_a_lucky_best_is_not_st
     assert _confirmed_best(st, {"number": 1, "config": {}})["number"] == 1
     # a search's own protocol fields (payload_extra) are the confirmation's too
     assert confirm_best(s, st, 1, 60.0, target="kog.tune._fakes:value_by_bn_qkv",
-                        payload_extra={"values": {"8": 1, "4": 2}, "tokens": 32})["protocol"]["tokens"] == 32
+                        payload_extra={"values": {"8": 1, "4": 2}, "tokens": 32})["protocol"] == {
+        "prompt_tokens": 64, "tokens": 32, "max_seq": 97}
+
+
+def test_trials_run_the_kv_cache_kogtune_bench_builds():
+    """The cache's capacity is a compile-time constant of the kernel, so a trial builds the engine with the cache
+    of `kogtune bench`'s default run (its prompt + new tokens + 1, as KogSystem sizes it), and more only where the
+    trial's own runs need it."""
+    import inspect
+
+    from kog.tune import objective as ob
+    from kog.tune.bench import run_bench
+    sig = inspect.signature(run_bench).parameters
+    assert {k: sig[k].default for k in ob.BENCH_PROTOCOL} == ob.BENCH_PROTOCOL
+    assert ob._max_seq({}) == ob.bench_max_seq(64, 256) == 321
+    assert ob._max_seq({"tokens": 512}) == 16 + 512 + 1          # a longer trial run gets its positions
+    assert ob._max_seq({"max_seq": 32, "prompt_tokens": 1, "gate_tokens": 1, "warmup_tokens": 1,
+                        "short_tokens": 1, "tokens": 1}) == 32
 
 
 def test_a_search_ends_with_its_confirmation(env):

@@ -77,16 +77,35 @@ def _teacher_forced(mk, prompt: list[int], forced: list[int]):
     return fn(prompt, forced) if n >= 2 else fn(prompt + forced)[-len(forced):]
 
 
+# `kogtune bench`'s default run (tune/bench.py run_bench): the prompt and the new tokens it times; the search's
+# closing confirmation times the same (search.CONFIRM_PROTOCOL)
+BENCH_PROTOCOL: dict[str, int] = {"prompt_tokens": 64, "tokens": 256}
+
+
+def bench_max_seq(prompt_tokens: int, tokens: int) -> int:
+    """The KV cache `kogtune bench` builds for a run (tune/systems.py: prompt + new tokens + 1). The cache's
+    capacity is a compile-time constant of the kernel (the attention merge's split tile), and a config's speed
+    moves with the build (docs/tuning.md), so trials and the confirmation run the bench's build."""
+    return prompt_tokens + tokens + 1
+
+
 # Measurement defaults (payload keys override them). Every decode length is a multiple of 16 so that all of a
 # trial's generate() launches share one Triton specialization (ints are specialized on divisibility by 16),
-# and precompile_one compiles exactly the variants a trial launches. max_seq 640 gives the KV cache (and so
-# the attention split count) of `kogtune bench`'s default run (64 prompt + 512 new tokens).
+# and precompile_one compiles exactly the variants a trial launches. max_seq: the KV cache of `kogtune
+# bench`'s default run, whatever the trial's own shorter protocol (_max_seq makes room for a longer one).
 TRIAL_DEFAULTS: dict[str, Any] = {"prompt_tokens": 16, "gate_tokens": 16, "warmup_tokens": 16,
-                                  "short_tokens": 32, "tokens": 128, "repeats": 3, "max_seq": 640, "seed": 0}
+                                  "short_tokens": 32, "tokens": 128, "repeats": 3,
+                                  "max_seq": bench_max_seq(**BENCH_PROTOCOL), "seed": 0}
 
 
 def _opt(payload: dict[str, Any], k: str) -> Any:
     return payload.get(k, TRIAL_DEFAULTS[k])
+
+
+def _max_seq(payload: dict[str, Any]) -> int:
+    """The trial engine's KV cache: max_seq, or more where the payload's runs need more positions."""
+    runs = max(int(_opt(payload, k)) for k in ("gate_tokens", "warmup_tokens", "short_tokens", "tokens"))
+    return max(int(_opt(payload, "max_seq")), bench_max_seq(int(_opt(payload, "prompt_tokens")), runs))
 
 
 def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:
@@ -179,13 +198,13 @@ def _build(payload: dict[str, Any], st: dict[str, Any], compile_only: bool = Fal
         dev = str(payload.get("device", "cuda"))
         devices = None if dev.startswith("cuda") else [dev] * g   # CPU interpreter tests: every rank on cpu
         mk = TPMonokernel(st["model"], st["weights"], g, cfg, devices=devices,
-                          max_seq=int(_opt(payload, "max_seq")), exchange_rows=x)
+                          max_seq=_max_seq(payload), exchange_rows=x)
         mk.n_eos = 0        # its setter sets every rank's n_eos (a rank's EOS ends the token stream)
         return mk
     from kog.engine.monokernel import Monokernel   # lazy: heavy, and only the GPU backend builds it
     part = sm_partition(payload) if cfg.mapping == "topology" else None
     mk = Monokernel(st["model"], st["weights"], cfg, payload.get("device", "cuda"),
-                    max_seq=int(_opt(payload, "max_seq")), sm_partition=part, compile_only=compile_only)
+                    max_seq=_max_seq(payload), sm_partition=part, compile_only=compile_only)
     mk.n_eos = 0            # as `kogtune bench`: an EOS drawn from random weights must not end a timed run
     return mk
 
