@@ -42,6 +42,14 @@ KOG_SYSTEMS = {"kog-targeted": "targeted", "kog-grid": "grid"}     # system -> s
 # targeted mode with the platform's rule, whatever config is stored or built in; benched by default only where
 # kog-targeted runs another config (a tuned entry), so the run holds what the entry gains over the rule
 RULE_SYSTEM = "kog-rule"
+# the run a bench times by default: its prompt and its new tokens (the search's closing confirmation times the
+# same, kog.tune.search.CONFIRM_PROTOCOL)
+DEFAULT_PROMPT_TOKENS, DEFAULT_TOKENS = 64, 256
+
+
+def run_positions(prompt_tokens: int, tokens: int) -> int:
+    """KV cache positions a run of `tokens` new tokens after a prompt of `prompt_tokens` needs."""
+    return prompt_tokens + tokens + 1
 # Baselines first: a monokernel that faults the CUDA context then cannot take the baselines' numbers with it.
 DEFAULT_SYSTEMS = ("torch-compile", "hf-compile", "cuda-graph", "hf-transformers", "kog-grid", "kog-targeted",
                    RULE_SYSTEM)
@@ -441,8 +449,8 @@ def _rule_differs(cfg, device, need: int) -> bool:
         return False
 
 
-def run_bench(model: str, tokens: int = 256, prompt_tokens: int = 64, repeats: int = 5,
-              systems: str | None = None, runs_dir: str | None = None, json_out: str | None = None,
+def run_bench(model: str, tokens: int = DEFAULT_TOKENS, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+              repeats: int = 5, systems: str | None = None, runs_dir: str | None = None, json_out: str | None = None,
               argv: list[str] | None = None, progress: bool = True, seed: int = 0,
               cpu_for_tests: bool = False) -> tuple[dict, Path]:
     """The bench; returns (bench JSON, run directory). Needs a GPU (cpu_for_tests runs the same pipeline on
@@ -465,7 +473,7 @@ def run_bench(model: str, tokens: int = 256, prompt_tokens: int = 64, repeats: i
     t_bench = time.perf_counter()
     cfg, w = resolve_model(model, device, seed=seed)
     wall = {"model": time.perf_counter() - t_bench}
-    if not systems and RULE_SYSTEM in names and not _rule_differs(cfg, device, prompt_tokens + tokens + 1):
+    if not systems and RULE_SYSTEM in names and not _rule_differs(cfg, device, run_positions(prompt_tokens, tokens)):
         names.remove(RULE_SYSTEM)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, cfg.vocab_size, (prompt_tokens,), generator=g).tolist()

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kog.engine.engine_config import EngineConfig
+from kog.tune.bench import DEFAULT_PROMPT_TOKENS, DEFAULT_TOKENS, run_positions
+from kog.tune.systems import engine_max_seq
 
 MAX_REL_ERR = 2e-2
 
@@ -77,16 +79,16 @@ def _teacher_forced(mk, prompt: list[int], forced: list[int]):
     return fn(prompt, forced) if n >= 2 else fn(prompt + forced)[-len(forced):]
 
 
-# `kogtune bench`'s default run (tune/bench.py run_bench): the prompt and the new tokens it times; the search's
-# closing confirmation times the same (search.CONFIRM_PROTOCOL)
-BENCH_PROTOCOL: dict[str, int] = {"prompt_tokens": 64, "tokens": 256}
+# `kogtune bench`'s default run: the prompt and the new tokens it times; the search's closing confirmation times
+# the same (search.CONFIRM_PROTOCOL)
+BENCH_PROTOCOL: dict[str, int] = {"prompt_tokens": DEFAULT_PROMPT_TOKENS, "tokens": DEFAULT_TOKENS}
 
 
 def bench_max_seq(prompt_tokens: int, tokens: int) -> int:
-    """The KV cache `kogtune bench` builds for a run (tune/systems.py: prompt + new tokens + 1). The cache's
-    capacity is a compile-time constant of the kernel (the attention merge's split tile), and a config's speed
-    moves with the build (docs/tuning.md), so trials and the confirmation run the bench's build."""
-    return prompt_tokens + tokens + 1
+    """The KV cache `kogtune bench` builds for a run (kog.tune.systems.KogSystem). The cache's capacity is a
+    compile-time constant of the kernel (the attention merge's split tile), and a config's speed moves with the
+    build (docs/tuning.md), so trials and the confirmation run the bench's build."""
+    return engine_max_seq(run_positions(prompt_tokens, tokens))
 
 
 # Measurement defaults (payload keys override them). Every decode length is a multiple of 16 so that all of a
@@ -105,7 +107,7 @@ def _opt(payload: dict[str, Any], k: str) -> Any:
 def _max_seq(payload: dict[str, Any]) -> int:
     """The trial engine's KV cache: max_seq, or more where the payload's runs need more positions."""
     runs = max(int(_opt(payload, k)) for k in ("gate_tokens", "warmup_tokens", "short_tokens", "tokens"))
-    return max(int(_opt(payload, "max_seq")), bench_max_seq(int(_opt(payload, "prompt_tokens")), runs))
+    return max(int(_opt(payload, "max_seq")), run_positions(int(_opt(payload, "prompt_tokens")), runs))
 
 
 def model_state(payload: dict[str, Any], gate: bool = True) -> dict[str, Any]:

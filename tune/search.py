@@ -1092,10 +1092,10 @@ def cli_search(args) -> int:
 
 CONFIRM_ROUNDS = 3     # a GPU search's closing same-run measurements of its best and the engine default, each
 CONFIRMATION = "confirmation"      # study user attr: what confirm_best measured
-# the confirmation times `kogtune bench`'s protocol (its default prompt and new tokens, and the KV cache it builds
-# for them), not the trials' shorter one: the gain an entry of the built-in table claims is then the one the
-# bench measures
-CONFIRM_PROTOCOL = {**BENCH_PROTOCOL, "max_seq": bench_max_seq(**BENCH_PROTOCOL)}
+# the confirmation times `kogtune bench`'s protocol (its default prompt and new tokens, in the KV cache the bench
+# builds for them: confirm_best), not the trials' shorter one: the gain an entry of the built-in table claims is
+# then the one the bench measures
+CONFIRM_PROTOCOL = dict(BENCH_PROTOCOL)
 
 
 def completed_single_gpu(study) -> list:
@@ -1135,7 +1135,7 @@ def confirm_best(s: Setup, study, rounds: int, timeout: float, target: str | Non
     if pair is None:
         return None
     best, default = pair
-    protocol = {k: (payload_extra or {}).get(k, v) for k, v in CONFIRM_PROTOCOL.items() if k != "max_seq"}
+    protocol = {k: (payload_extra or {}).get(k, v) for k, v in CONFIRM_PROTOCOL.items()}
     # the cache the bench builds for that prompt and run, unless the search sets one
     protocol["max_seq"] = int((payload_extra or {}).get("max_seq", bench_max_seq(**protocol)))
     conf: dict[str, Any] = {"best_trial": best.number, "default_trial": default.number, "rounds": 0,

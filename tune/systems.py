@@ -10,16 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from kog.tune.bench import BREAKDOWN_CATEGORIES
+from kog.tune.bench import BREAKDOWN_CATEGORIES, run_positions
 
 MIN_MAX_SEQ = 64             # smallest cache an engine is built for, so short runs share one build
 BREAKDOWN_TOKENS = 48        # tokens of the instrumented run behind breakdown()
 TRACE_TOKENS = 8             # tokens the instrumented run records per task
 
 
+def engine_max_seq(need: int) -> int:
+    """The KV cache KogSystem builds for a run of `need` positions."""
+    return max(need, MIN_MAX_SEQ)
+
+
 def engine_span(cfg, need: int) -> int:
     """The attention span of the engine KogSystem builds for a run of `need` positions."""
-    return cfg.attention_span(max(need, MIN_MAX_SEQ))
+    return cfg.attention_span(engine_max_seq(need))
 
 
 def config_for(cfg, device, span: int | None, rule: bool = False):
@@ -65,7 +70,7 @@ class KogSystem:
         if self.mk is not None and self.mk.max_seq >= need:
             return self.mk
         from kog.engine.monokernel import Monokernel
-        max_seq = max(need, MIN_MAX_SEQ)
+        max_seq = engine_max_seq(need)
         span = engine_span(self.cfg, need)
         self.ecfg = self._config(span)          # a long cache may need another config (fewer ring slots)
         self.mk = Monokernel(self.cfg, self.weights, self.ecfg, self.device, max_seq=max_seq,
@@ -75,7 +80,7 @@ class KogSystem:
 
     def generate(self, prompt_ids, n: int):
         self._last_prompt = list(prompt_ids)
-        return self._engine(len(self._last_prompt) + n + 1).generate(self._last_prompt, n)
+        return self._engine(run_positions(len(self._last_prompt), n)).generate(self._last_prompt, n)
 
     def teacher_forced_logits(self, prompt_ids, forced_ids):
         need = len(prompt_ids) + len(forced_ids) + 1
@@ -85,7 +90,7 @@ class KogSystem:
         """The bench's categories per token, plus the traced rate, the per-phase numbers and the compile time;
         the instrumented run's trace table is kept as self.trace_table."""
         prompt = self._last_prompt or [1, 2, 3, 4]
-        mk = self._engine(len(prompt) + BREAKDOWN_TOKENS + 1)
+        mk = self._engine(run_positions(len(prompt), BREAKDOWN_TOKENS))
         b = mk.breakdown(prompt, n=BREAKDOWN_TOKENS)
         self.trace_table = b.pop("table", None)
         out: dict[str, Any] = {k: b[k] for k in BREAKDOWN_CATEGORIES}
