@@ -25,6 +25,7 @@ from kog.engine import layout as LY
 from kog.engine.config import ConfigError, ModelConfig
 from kog.engine.engine_config import EngineConfig, lm_tiles, sm90_default, wait_timeout_seconds
 from kog.engine.kernel.sampling import sample_mode
+from kog.engine.kernel.trace import TASK_RECORD
 from kog.engine.kernel.vendor import INTERPRET, NVIDIA, ctas_per_sm_fit, vendor_code
 from kog.engine.plan import Plan, check_plan, make_plan
 from kog.errors import KogError
@@ -327,7 +328,8 @@ class Monokernel:
                                    pin_memory=dev.type == "cuda")
         self._running = None         # what tells whether the last launch ended (a CUDA event, or a thread)
         self.trace_cap = int(np.max(p.cta_start[1:] - p.cta_start[:-1])) * max(self.trace_tokens, 1)
-        self.trace = torch.zeros((p.grid, self.trace_cap, 4) if self.trace_tokens else (1, 1, 4),
+        rec = TASK_RECORD.value
+        self.trace = torch.zeros((p.grid, self.trace_cap, rec) if self.trace_tokens else (1, 1, rec),
                                  dtype=torch.int64, device=dev)
         self.atr_cap = 1
         if self.attn_stamps:     # room for every attention task of the busiest CTA, per traced token

@@ -1,6 +1,7 @@
 """Instrumented-run analysis: the kernel's per-task %globaltimer records -> time breakdown and Perfetto trace.
 
-Each record (kernel._trace) is [start_ns, end_ns, waited_ns, step << 40 | smid << 24 | task index].
+Each record (kernel/trace.py trace_task) is [start_ns, end_ns, waited_ns, step << 40 | smid << 24 | task index,
+publish start ns, publish barrier end ns].
 Categories per token, averaged over CTAs:
   streaming  task time not spent waiting (weight loads + math of the task)
   waiting    time a task spent in targeted waits for its inputs
@@ -20,8 +21,13 @@ from kog.engine.plan import T_BAR, TASK_NAMES, Plan
 CATEGORIES = ("streaming", "waiting", "barrier", "other")
 
 
+TABLE_COLUMNS = ["cta", "sm", "step", "task", "phase", "layer", "start_ns", "end_ns", "wait_ns", "publish_ns",
+                 "publish_barrier_ns"]
+
+
 def trace_table(trace: np.ndarray, plan: Plan):
-    """The raw records as a DataFrame [cta, sm, step, task, phase, layer, start_ns, end_ns, wait_ns]."""
+    """The raw records as a DataFrame of TABLE_COLUMNS: publish_ns is the publish of held tiles right before the
+    task (0: none), publish_barrier_ns its CTA barrier (the warps arriving; the rest is the release's fence)."""
     import pandas as pd
     grid, cap, _ = trace.shape
     rows = []
@@ -35,9 +41,11 @@ def trace_table(trace: np.ndarray, plan: Plan):
         rows.append(pd.DataFrame({
             "cta": c, "sm": (packed >> 24) & 0xFFFF, "step": packed >> 40, "task": ti,
             "phase": [TASK_NAMES[int(t)] for t in plan.tasks[ti, 0]], "layer": plan.tasks[ti, 1],
-            "start_ns": rec[:, 0], "end_ns": rec[:, 1], "wait_ns": rec[:, 2]}))
+            "start_ns": rec[:, 0], "end_ns": rec[:, 1], "wait_ns": rec[:, 2],
+            "publish_ns": np.where(rec[:, 5] > 0, rec[:, 0] - rec[:, 4], 0),
+            "publish_barrier_ns": np.where(rec[:, 5] > 0, rec[:, 5] - rec[:, 4], 0)}))
     if not rows:
-        return pd.DataFrame(columns=["cta", "sm", "step", "task", "phase", "layer", "start_ns", "end_ns", "wait_ns"])
+        return pd.DataFrame(columns=TABLE_COLUMNS)
     df = pd.concat(rows, ignore_index=True)
     t0 = df["start_ns"].min()
     df["start_ns"] -= t0

@@ -335,7 +335,7 @@ def streaming_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     return tab[tab[STREAMING_COLUMNS[1:4]].sum(axis=1) > 0].rename_axis("phase").reset_index()
 
 
-GAP_COLUMNS = ["phase", "next_phase", "per_cta", "median_us", "p90_us", "us_per_cta"]
+GAP_COLUMNS = ["phase", "next_phase", "per_cta", "median_us", "p90_us", "us_per_cta", "barrier_us", "fence_us"]
 ALL_GAPS = "all"
 
 
@@ -345,24 +345,35 @@ def gap_table(tl: pd.DataFrame, system: str) -> pd.DataFrame:
     what they add up to a CTA a token; a last row (phase ALL_GAPS) sums every pair. A gap is what a CTA does
     between two tasks: decode the next task's row and, in targeted mode, publish the tiles it holds when the
     next task releases another counter (a CTA barrier and a release fence): most of the breakdown's "other".
-    A pair whose median is far above the others' is a slow publish. Needs the timeline's cta and start_ns
-    columns; empty without them."""
+    A pair whose median is far above the others' is a slow publish. Traced runs that stamp their publishes
+    (the timeline's publish_ns and publish_barrier_ns) split it: barrier_us, the median CTA barrier of the
+    gaps that published (the warps arriving), and fence_us, the rest of that publish (the release's fence
+    and atomic); NaN without the stamps or without a publish. Needs the timeline's cta and start_ns columns;
+    empty without them."""
     t = _system_tasks(tl, system, {"step", "phase", "cta", "start_ns", "end_ns"})
     if t is None:
         return pd.DataFrame(columns=GAP_COLUMNS)
     t = t.sort_values(["step", "cta", "start_ns"])
     nxt = t.groupby(["step", "cta"])
+    stamped = {"publish_ns", "publish_barrier_ns"} <= set(t.columns)
+    pub = nxt["publish_ns"].shift(-1) if stamped else pd.Series(0.0, index=t.index)
+    bar = nxt["publish_barrier_ns"].shift(-1) if stamped else pd.Series(0.0, index=t.index)
     g = pd.DataFrame({"phase": t["phase"], "next_phase": nxt["phase"].shift(-1),
                       "gap": (nxt["start_ns"].shift(-1) - t["end_ns"]) / 1e3}).dropna()
     if g.empty:
         return pd.DataFrame(columns=GAP_COLUMNS)
+    published = pub.loc[g.index] > 0
+    g["barrier"] = (bar.loc[g.index] / 1e3).where(published)
+    g["fence"] = ((pub.loc[g.index] - bar.loc[g.index]) / 1e3).where(published)
     per = t["step"].nunique() * t["cta"].nunique()       # CTA-tokens
-    tab = g.groupby(["phase", "next_phase"])["gap"].agg(
-        per_cta="size", median_us="median", p90_us=lambda x: x.quantile(0.9), us_per_cta="sum").reset_index()
+    tab = g.groupby(["phase", "next_phase"]).agg(
+        per_cta=("gap", "size"), median_us=("gap", "median"), p90_us=("gap", lambda x: x.quantile(0.9)),
+        us_per_cta=("gap", "sum"), barrier_us=("barrier", "median"), fence_us=("fence", "median")).reset_index()
     tab[["per_cta", "us_per_cta"]] /= per
     tab = tab.sort_values(["phase", "next_phase"], key=lambda c: c.map(_phase_key)).reset_index(drop=True)
     total = {"phase": ALL_GAPS, "next_phase": "", "per_cta": len(g) / per, "median_us": g["gap"].median(),
-             "p90_us": g["gap"].quantile(0.9), "us_per_cta": g["gap"].sum() / per}
+             "p90_us": g["gap"].quantile(0.9), "us_per_cta": g["gap"].sum() / per,
+             "barrier_us": g["barrier"].median(), "fence_us": g["fence"].median()}
     return pd.concat([tab, pd.DataFrame([total])], ignore_index=True)[GAP_COLUMNS]
 
 

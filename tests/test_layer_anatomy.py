@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kog.reports import layer_anatomy as la
-from kog.reports.bench_tables import (attn_split_timing, critical_path_table, gap_table, hop_table, layer_segments,
+from kog.reports.bench_tables import (GAP_COLUMNS, attn_split_timing, critical_path_table, gap_table, hop_table, layer_segments,
                                       phase_weight_bytes, streaming_table, tail_table)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,11 +164,30 @@ def test_gap_table_sums_the_gaps_between_a_ctas_tasks_by_the_phases_around_them(
                      dict(system="s", step=step, cta=cta, phase="down", start_ns=z + 2_100 + hold, end_ns=z + 9_000)]
     tab = gap_table(pd.DataFrame(rows), "s").set_index(["phase", "next_phase"])
     assert list(tab.index) == [("gate_up", "gate_up"), ("gate_up", "down"), ("all", "")]
-    assert tab.loc[("gate_up", "gate_up")].tolist() == pytest.approx([1.0, 0.1, 0.1, 0.1])
+    assert tab.loc[("gate_up", "gate_up"), GAP_COLUMNS[2:6]].tolist() == pytest.approx([1.0, 0.1, 0.1, 0.1])
+    assert tab[["barrier_us", "fence_us"]].isna().all().all()     # no publish stamps in this timeline
     assert tab.loc[("gate_up", "down"), ["per_cta", "median_us", "us_per_cta"]].tolist() == pytest.approx([1, 2.5, 2.5])
     assert tab.loc[("all", ""), ["per_cta", "us_per_cta"]].tolist() == pytest.approx([2.0, 2.6])
     assert gap_table(pd.DataFrame(rows).drop(columns="cta"), "s").empty
     assert gap_table(pd.DataFrame(rows), "other").empty
+
+
+def test_gap_table_splits_a_stamped_publish_into_its_barrier_and_its_fence():
+    # each CTA: gate_up, then down after a 3 us gap of which the publish before down took 2.5 us (0.5 of it its
+    # barrier); gate_up -> gate_up published nothing (publish_ns 0)
+    rows = []
+    for cta in range(2):
+        rows += [dict(system="s", step=0, cta=cta, phase="gate_up", start_ns=0, end_ns=1_000, publish_ns=0,
+                      publish_barrier_ns=0),
+                 dict(system="s", step=0, cta=cta, phase="gate_up", start_ns=1_100, end_ns=2_000, publish_ns=0,
+                      publish_barrier_ns=0),
+                 dict(system="s", step=0, cta=cta, phase="down", start_ns=5_000, end_ns=9_000, publish_ns=2_500,
+                      publish_barrier_ns=500 + 100 * cta)]
+    tab = gap_table(pd.DataFrame(rows), "s").set_index(["phase", "next_phase"])
+    assert tab.loc[("gate_up", "down"), ["median_us", "barrier_us", "fence_us"]].tolist() == pytest.approx(
+        [3.0, 0.55, 1.95])
+    assert tab.loc[("gate_up", "gate_up"), ["barrier_us", "fence_us"]].isna().all()
+    assert tab.loc[("all", ""), "barrier_us"] == pytest.approx(0.55)
 
 
 def test_the_bundled_runs_gaps_name_the_slow_publish(capsys):

@@ -268,6 +268,25 @@ def test_attn_stamps_record_every_split_of_the_traced_tokens():
     assert not Monokernel(TINY, w, e, max_seq=64).attn_stamps
 
 
+def test_trace_table_times_the_publish_before_each_task():
+    """A task record's last two fields (kernel/trace.py trace_task) time the publish right before the task: the
+    table gives its length (start - publish start) and its CTA barrier's (barrier end - publish start); a
+    record whose barrier end is 0 published nothing. The interpreter's clocks read 0, so the records are built
+    here; a traced launch allocates records of TASK_RECORD fields."""
+    from kog.engine.kernel.trace import TASK_RECORD
+    from kog.engine.plan import make_plan
+    from kog.engine.trace import TABLE_COLUMNS, trace_table
+    plan = make_plan(TINY, SMALL_TILES, 2)
+    rec = np.zeros((plan.grid, 2, TASK_RECORD.value), dtype=np.int64)
+    rec[0, 0] = [1_000, 2_000, 0, 0, 900, 0]                      # task 0: nothing published before it
+    rec[0, 1] = [5_000, 6_000, 100, 1, 2_000, 2_400]              # task 1: a 3 us publish, 0.4 us of barrier
+    t = trace_table(rec, plan)
+    assert list(t.columns) == TABLE_COLUMNS
+    assert t["publish_ns"].tolist() == [0, 3_000] and t["publish_barrier_ns"].tolist() == [0, 400]
+    w = random_weights(TINY, "cpu", seed=3, dtype=torch.float32)
+    assert Monokernel(TINY, w, SMALL_TILES, max_seq=64, trace_tokens=1).trace.shape[-1] == TASK_RECORD.value
+
+
 @pytest.mark.parametrize("mode, block, tile, prompt", [("targeted", 32, 16, list(range(5, 25))),
                                                        ("grid", 64, 16, list(range(3, 40)))])
 def test_attn_tile_splits_walk_tiles(mode, block, tile, prompt):

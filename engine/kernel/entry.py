@@ -83,7 +83,11 @@ def monokernel(mw, ac, pa, sy, tra, fx, pos0, n_tokens, force, seed, top_k, inv_
             for ti in range(t_lo, t_hi):
                 j = ti - t_lo
                 task, nxt, blk0 = _read_task(ti, j, t_hi, me, pa, C)
-                pend = publish_before(pa.cnt, pend, task.release)
+                if C.TRACE:
+                    t_pub = global_time_ns(C.VENDOR)
+                else:
+                    t_pub = tl.zeros([], dtype=tl.int64)
+                pend, t_bar = publish_before(pa.cnt, pend, task.release, C.TRACE, C.VENDOR)
                 if C.TRACE:
                     t_start = global_time_ns(C.VENDOR)
                 else:
@@ -113,7 +117,7 @@ def monokernel(mw, ac, pa, sy, tra, fx, pos0, n_tokens, force, seed, top_k, inv_
                         waited = global_time_ns(C.VENDOR) - t_start
                 if C.TRACE:
                     if (step < tra.tokens) & (tr < tra.cap):
-                        trace_task(tra, cta, tr, t_start, waited, ti, step, C.VENDOR)
+                        trace_task(tra, cta, tr, t_start, waited, ti, step, t_pub, t_bar, C.VENDOR)
                         tr += 1
                 if C.RING > 0:
                     if blk0:
@@ -188,7 +192,7 @@ def _end_token(tok, best, pend, cta, nprog, mw, ac, pa, sy, run, M, C):
     draw once the grid searched with it, sampling.filtered_pick). The last CTA to finish picks the token,
     records it (EOS stops the launch), writes the next token's input embedding and releases the next
     token."""
-    publish(pa.cnt, pend)
+    publish(pa.cnt, pend, False, C.VENDOR)
     if C.SAMPLE == 2:   # top-k / top-p: every CTA searches with the others, then draws
         f = _filter(ac, sy, M, C)
         tl.store(f.maxima + cta, best.top)

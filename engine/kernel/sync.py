@@ -120,21 +120,28 @@ def timed_wait_rows(wc, pa, base, R, r0, r1, t1, sy, task, waited, TRACE: tl.con
 
 
 @triton.jit
-def publish(cnt, pend):
-    """Publish finished tiles: every thread's stores happen-before one release increment of pend.n."""
+def publish(cnt, pend, STAMP: tl.constexpr, VENDOR: tl.constexpr):
+    """Publish finished tiles: every thread's stores happen-before one release increment of pend.n. STAMP
+    (traced launches): returns when its CTA barrier ended (0: nothing published), which splits a publish's
+    cost between the warps' arrival and the release's fence."""
+    t_bar = tl.zeros([], dtype=tl.int64)
     if (pend.n > 0) & (pend.counter >= 0):
         tl.debug_barrier()
+        if STAMP:
+            t_bar = global_time_ns(VENDOR)
         tl.atomic_add(cnt + pend.counter, pend.n, sem="release", scope="gpu")
+    return t_bar
 
 
 @triton.jit
-def publish_before(cnt, pend, release):
+def publish_before(cnt, pend, release, STAMP: tl.constexpr, VENDOR: tl.constexpr):
     """At a task's start: publish the tiles pending on another counter than the one this task releases
-    (a task never waits while holding finished tiles back)."""
+    (a task never waits while holding finished tiles back). Returns the pending tiles and publish's stamp."""
+    t_bar = tl.zeros([], dtype=tl.int64)
     if release != pend.counter:
-        publish(cnt, pend)
+        t_bar = publish(cnt, pend, STAMP, VENDOR)
         pend = Pending(release, 0)
-    return pend
+    return pend, t_bar
 
 
 @triton.jit

@@ -1,8 +1,10 @@
 """Instrumented launches (TRACE): one record per task, and (ATRACE) the sub-steps of each attention split.
 
 kog.engine.trace turns the records into the time breakdown and a Perfetto trace. A task record is
-[start ns, end ns, ns spent waiting, step << 40 | smid << 24 | task index]; the default launch compiles none
-of this (TRACE and ATRACE are constexprs).
+[start ns, end ns, ns spent waiting, step << 40 | smid << 24 | task index, publish start ns, publish barrier
+end ns]: the last two time the publish of held tiles right before the task (its CTA barrier, then the release's
+fence; barrier end 0: nothing published). The default launch compiles none of this (TRACE and ATRACE are
+constexprs).
 """
 import triton
 import triton.language as tl
@@ -10,16 +12,22 @@ import triton.language as tl
 from kog.engine.kernel.vendor import global_time_ns, sm_id
 
 
+# int64 fields of a task record
+TASK_RECORD = tl.constexpr(6)
+
+
 @triton.jit
-def trace_task(tra, cta, n, t_start, waited, task, step, VENDOR: tl.constexpr):
+def trace_task(tra, cta, n, t_start, waited, task, step, t_pub, t_bar, VENDOR: tl.constexpr):
     """The CTA's n-th task record of the launch."""
     t_end = global_time_ns(VENDOR)
-    b = tra.buf + (tl.cast(cta, tl.int64) * tra.cap + n) * 4
+    b = tra.buf + (tl.cast(cta, tl.int64) * tra.cap + n) * TASK_RECORD
     tl.store(b + 0, t_start)
     tl.store(b + 1, t_end)
     tl.store(b + 2, waited)
     tl.store(b + 3, (tl.cast(step, tl.int64) << 40) | (tl.cast(sm_id(VENDOR), tl.int64) << 24)
              | tl.cast(task, tl.int64))
+    tl.store(b + 4, t_pub)
+    tl.store(b + 5, t_bar)
 
 
 @triton.jit
