@@ -15,7 +15,8 @@ more, streamed longer or had more tasks; whether the same CTA is last again the 
 how many CTAs keep the weight stream going over the token, by phase (kog.reports.bench_tables.streaming_table:
 the time too few CTAs stream to keep the HBM busy is where a wait costs). --gaps adds the gaps between a
 CTA's consecutive tasks by the phases on either side (kog.reports.bench_tables.gap_table: the task rows'
-decode and the publishes, most of the breakdown's "other"). RUN_DIR may also be a
+decode and the publishes, most of the breakdown's "other"; runs traced with publish stamps split each publish
+into its CTA barrier and its release fence). RUN_DIR may also be a
 timeline parquet that bench/engine_check.py --save-timeline wrote (no bench.json: no streaming columns).
 --attn adds, from the split stamps that `--save-timeline --attn-stamps` wrote beside it (attn_t<i>.parquet),
 when each attention split starts, ends its wait and ends against its layer's qkv phase end
