@@ -177,3 +177,22 @@ def test_a_trial_hands_the_earlier_trials_memory_back_before_its_engine(monkeypa
     with pytest.raises(RuntimeError, match="stop here"):
         objective.gpu_trial(payload, lambda step, value: None)
     assert calls == ["release", "build"]
+
+
+def test_closing_a_pool_while_its_trial_runs_ends_the_trial_and_starts_nothing(tmp_path):
+    """A search's deadline closes its compile pool while a pool thread still runs a trial: the trial ends as
+    a crash (no exception in either thread), and the closed worker starts no process for a later job."""
+    pool = WorkerPool(1)
+    bar = tmp_path / "b"
+    futs = pool.submit_all([(0, F + "together", {"barrier": str(bar), "parties": 2, "bound_s": 3600})], 3600)
+    t0 = time.monotonic()
+    while not (bar.exists() and any(bar.iterdir())):        # the trial is running (its child reached the barrier)
+        assert time.monotonic() - t0 < 600, "the trial never started"
+        time.sleep(0.05)
+    pool.close()
+    key, o = futs[0].result(timeout=600)
+    assert key == 0 and o.status in ("crash", "hang") and not o.ok, o
+    w = pool.workers[0]
+    assert w.closed and w.proc is None and w.starts == 1
+    later = w.run(F + "ok", {}, 30)
+    assert later.status == "error" and "closed" in later.reason and w.starts == 1

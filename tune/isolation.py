@@ -231,8 +231,10 @@ class WarmWorker:
     """One long-lived `python -m kog.tune.worker --serve` process that runs trials one after another.
 
     run(target, payload, timeout, on_intermediate) -> Outcome, exactly like run_isolated, and never raises
-    for anything the child does. The process is (re)started lazily; `starts` counts them. Not thread-safe:
-    one thread drives one worker (a pool is a list of them)."""
+    for anything the child does. The process is (re)started lazily; `starts` counts them. One thread drives
+    one worker's trials (a pool is a list of them); close() and kill() may come from another thread while a
+    trial runs (a search's deadline closing its compile pool): the trial then ends as a crash, and a closed
+    worker starts no process again (its trials end as errors)."""
 
     def __init__(self, env: dict[str, str] | None = None, name: str = "worker"):
         self.env = env
@@ -242,39 +244,51 @@ class WarmWorker:
         self.jobs = 0
         self._err = None
         self._lines: "queue.Queue[bytes | None]" = queue.Queue()
+        self._lock = threading.Lock()       # the process's start and end, from any thread
+        self.closed = False
 
     # -- process management
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _start(self) -> None:
+    def _start(self) -> bool:
+        """A fresh process; False once the worker is closed."""
         self.kill()
-        self.proc, self._lines, self._err = _spawn(["--serve"], self.env)
-        self.starts += 1
+        with self._lock:
+            if self.closed:
+                return False
+            self.proc, self._lines, self._err = _spawn(["--serve"], self.env)
+            self.starts += 1
+            return True
 
     def kill(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                _kill_group(self.proc)
-            for f in (self.proc.stdin, self.proc.stdout):
+        with self._lock:
+            proc, self.proc = self.proc, None
+            err, self._err = self._err, None
+        if proc is not None:
+            if proc.poll() is None:
+                _kill_group(proc)
+            for f in (proc.stdin, proc.stdout):
                 try:
                     if f is not None:
                         f.close()
                 except OSError:
                     pass
-            self.proc = None
-        if self._err is not None:
-            self._err.close()
-            self._err = None
+        if err is not None:
+            err.close()
 
     def close(self) -> None:
-        """Let the worker exit on EOF (its group is killed if it does not within a few seconds)."""
-        if self.proc is not None and self.proc.poll() is None:
+        """Let the worker exit on EOF (its group is killed if it does not within a few seconds); no process
+        starts after this."""
+        with self._lock:
+            self.closed = True
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
             try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait(timeout=5)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
         self.kill()
 
@@ -284,11 +298,12 @@ class WarmWorker:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _send(self, obj: dict[str, Any]) -> bool:
+    @staticmethod
+    def _send(proc: subprocess.Popen, obj: dict[str, Any]) -> bool:
         try:
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
-            self.proc.stdin.flush()
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps(obj) + "\n").encode())
+            proc.stdin.flush()
             return True
         except (BrokenPipeError, OSError, ValueError):
             return False
@@ -298,27 +313,31 @@ class WarmWorker:
             on_intermediate: Callable[[int, float], bool] | None = None) -> Outcome:
         t0 = time.monotonic()
         out = Outcome("crash", fresh_worker=not self.alive())
-        if not self.alive():
-            self._start()
+        if not self.alive() and not self._start():
+            out.status, out.reason = "error", "error: the worker was closed before the trial started"
+            return out
         self.jobs += 1
-        proc, lines = self.proc, self._lines
-        assert proc is not None
-        self._send({"target": target, "payload": payload})
+        with self._lock:
+            proc, lines, err = self.proc, self._lines, self._err
+        if proc is None:                                     # closed between the start and here
+            out.status, out.reason = "error", "error: the worker was closed before the trial started"
+            return out
+        self._send(proc, {"target": target, "payload": payload})
         deadline = t0 + timeout
         keep = False
         for msg in _messages(lines, deadline):
             if msg is _HANG:
                 out.status, out.reason = "hang", f"hang: no result after {timeout:g} s (process group killed)"
                 break
-            if msg is _EOF:                                  # the worker died mid-trial
-                out.status, out.reason = self._death_reason(deadline)
+            if msg is _EOF:                                  # the worker died mid-trial (or was closed)
+                out.status, out.reason = self._death_reason(proc, err, deadline)
                 break
             ev = msg.get("event")
             if ev == "intermediate":
                 step, val = int(msg["step"]), float(msg["value"])
                 out.intermediates.append((step, val))
                 prune = bool(on_intermediate(step, val)) if on_intermediate is not None else False
-                self._send({"prune": prune})                 # the child waits for this answer
+                self._send(proc, {"prune": prune})           # the child waits for this answer
             elif ev == "pruned":
                 out.status, out.reason, keep = "pruned", msg.get("message", "pruned"), True
                 break
@@ -337,13 +356,13 @@ class WarmWorker:
         out.wall_s = time.monotonic() - t0
         return out
 
-    def _death_reason(self, deadline: float) -> tuple[str, str]:
-        assert self.proc is not None
+    @staticmethod
+    def _death_reason(proc: subprocess.Popen, err, deadline: float) -> tuple[str, str]:
         try:
-            rc = self.proc.wait(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+            rc = proc.wait(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             return "hang", "hang: no exit after closing its output (killed)"
-        return _exit_reason(rc, self._err)
+        return _exit_reason(rc, err)
 
 
 class WorkerPool:
