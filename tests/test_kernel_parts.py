@@ -54,9 +54,9 @@ def _wait_kernel(pa, sy, base, R, r0, r1, t1, out, rel_a, rel_b):
     wc = wait_rows(Waits(-1, -1), pa, base, R, r0, r1, t1, sy, 0, 0)
     tl.store(out + 0, wc.base)
     tl.store(out + 1, wc.ready)
-    pend = publish_before(pa.cnt, Pending(rel_a, 3), rel_a)     # same counter: nothing published yet
+    pend, _ = publish_before(pa.cnt, Pending(rel_a, 3), rel_a, False, 0)     # same counter: nothing published yet
     tl.store(out + 2, pend.n)
-    pend = publish_before(pa.cnt, pend, rel_b)                  # another one: the 3 tiles go out
+    pend, _ = publish_before(pa.cnt, pend, rel_b, False, 0)                  # another one: the 3 tiles go out
     tl.store(out + 3, pend.counter)
 
 
@@ -350,11 +350,12 @@ def test_one_rank_picks_its_own_candidate():
 
 @triton.jit
 def _trace_kernel(tra):
-    trace_task(tra, 1, 2, 10, 3, 77, 5, 0)
+    trace_task(tra, 1, 2, 10, 3, 77, 5, 8, 9, 0)
 
 
-def test_a_task_record_holds_step_and_task():
-    buf = torch.zeros((2, 4, 4), dtype=torch.int64)
+def test_a_task_record_holds_step_task_and_the_publish_before_it():
+    from kog.engine.kernel.trace import TASK_RECORD
+    buf = torch.zeros((2, 4, TASK_RECORD.value), dtype=torch.int64)
     _trace_kernel[(1,)](LY.TraceArgs(buf, 1, 4, None, 1))
-    start, _, waited, key = buf[1, 2].tolist()
-    assert (start, waited, key >> 40, key & 0xFFFFFF) == (10, 3, 5, 77)
+    start, _, waited, key, pub, bar = buf[1, 2].tolist()
+    assert (start, waited, key >> 40, key & 0xFFFFFF, pub, bar) == (10, 3, 5, 77, 8, 9)
