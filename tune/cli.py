@@ -11,6 +11,7 @@ import sys
 from kog import __version__
 from kog.clitools import HelpFormatter, add_subparser, parse_args
 from kog.errors import cli_entry, import_command
+from kog.tune.bench import DEFAULT_PROMPT_TOKENS, DEFAULT_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "reference under torch.compile and under a CUDA graph, HF transformers "
                                   "generate; median of repeats; a device copy measured in the same run.")
     b.add_argument("--model", default="llama-3.2-1b", help="preset name or HF checkpoint directory")
-    b.add_argument("--tokens", type=int, default=256, help="new tokens per run")
-    b.add_argument("--prompt-tokens", type=int, default=64, help="prompt length in tokens")
+    b.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help="new tokens per run")
+    b.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS, help="prompt length in tokens")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per system (the median is reported)")
     b.add_argument("--systems", default=None,
                    help="comma-separated subset of systems (default: all; kog-rule, the engine with the "
