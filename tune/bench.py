@@ -50,6 +50,8 @@ DEFAULT_PROMPT_TOKENS, DEFAULT_TOKENS = 64, 256
 def run_positions(prompt_tokens: int, tokens: int) -> int:
     """KV cache positions a run of `tokens` new tokens after a prompt of `prompt_tokens` needs."""
     return prompt_tokens + tokens + 1
+
+
 # Baselines first: a monokernel that faults the CUDA context then cannot take the baselines' numbers with it.
 DEFAULT_SYSTEMS = ("torch-compile", "hf-compile", "cuda-graph", "hf-transformers", "kog-grid", "kog-targeted",
                    RULE_SYSTEM)

@@ -85,9 +85,9 @@ BENCH_PROTOCOL: dict[str, int] = {"prompt_tokens": DEFAULT_PROMPT_TOKENS, "token
 
 
 def bench_max_seq(prompt_tokens: int, tokens: int) -> int:
-    """The KV cache `kogtune bench` builds for a run (kog.tune.systems.KogSystem). The cache's capacity is a
-    compile-time constant of the kernel (the attention merge's split tile), and a config's speed moves with the
-    build (docs/tuning.md), so trials and the confirmation run the bench's build."""
+    """The KV cache `kogtune bench` builds for a run (kog.tune.systems.KogSystem). The cache's capacity sets the
+    attention splits, so the plan (a task per split) and the kernel's merge tile, and a config's speed moves with
+    them (docs/tuning.md): trials and the confirmation run the bench's cache."""
     return engine_max_seq(run_positions(prompt_tokens, tokens))
 
 

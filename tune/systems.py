@@ -83,7 +83,7 @@ class KogSystem:
         return self._engine(run_positions(len(self._last_prompt), n)).generate(self._last_prompt, n)
 
     def teacher_forced_logits(self, prompt_ids, forced_ids):
-        need = len(prompt_ids) + len(forced_ids) + 1
+        need = run_positions(len(prompt_ids), len(forced_ids))      # the forced tokens are the run's
         return self._engine(need).teacher_forced_logits(prompt_ids, forced_ids)
 
     def breakdown(self) -> dict[str, Any]:

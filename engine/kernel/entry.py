@@ -27,7 +27,7 @@ from kog.engine.kernel.ring import RingCursor, RingSpan, ring_close, ring_fill, 
 from kog.engine.kernel.sampling import Filter, filtered_pick, filtered_reset, post_draw, tile_best
 from kog.engine.kernel.sync import Pending, Waits, grid_barrier, publish, publish_before, record_abort, spin_until
 from kog.engine.kernel.tasks import Best, StreamState, gate_up_task, lm_task, qkv_task, residual_task
-from kog.engine.kernel.trace import trace_task
+from kog.engine.kernel.trace import trace_clock, trace_task
 from kog.engine.kernel.vendor import global_time_ns, sm_id
 
 # a task's row of the table, decoded (layout.ROW_*)
@@ -83,15 +83,9 @@ def monokernel(mw, ac, pa, sy, tra, fx, pos0, n_tokens, force, seed, top_k, inv_
             for ti in range(t_lo, t_hi):
                 j = ti - t_lo
                 task, nxt, blk0 = _read_task(ti, j, t_hi, me, pa, C)
-                if C.TRACE:
-                    t_pub = global_time_ns(C.VENDOR)
-                else:
-                    t_pub = tl.zeros([], dtype=tl.int64)
+                t_pub = trace_clock(C.TRACE, C.VENDOR)
                 pend, t_bar = publish_before(pa.cnt, pend, task.release, C.TRACE, C.VENDOR)
-                if C.TRACE:
-                    t_start = global_time_ns(C.VENDOR)
-                else:
-                    t_start = tl.zeros([], dtype=tl.int64)
+                t_start = trace_clock(C.TRACE, C.VENDOR)
                 waited = tl.zeros([], dtype=tl.int64)
                 if task.kind == T_QKV:
                     sm, pend, waited = qkv_task(task, tok, sm, pend, me, mw, ac, pa, sy, fx, M, C)

@@ -17,6 +17,16 @@ TASK_RECORD = tl.constexpr(6)
 
 
 @triton.jit
+def trace_clock(TRACE: tl.constexpr, VENDOR: tl.constexpr):
+    """The device clock in an instrumented launch; 0 in the others, which compile no clock read."""
+    if TRACE:
+        t = global_time_ns(VENDOR)
+    else:
+        t = tl.zeros([], dtype=tl.int64)
+    return t
+
+
+@triton.jit
 def trace_task(tra, cta, n, t_start, waited, task, step, t_pub, t_bar, VENDOR: tl.constexpr):
     """The CTA's n-th task record of the launch."""
     t_end = global_time_ns(VENDOR)
