@@ -10,25 +10,65 @@ Same-run comparisons of two versions of the code: run this script from each chec
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import sys
 import time
 import traceback
-import torch
 
-from kog.engine.config import PRESETS
-from kog.engine.engine_config import EngineConfig
-from kog.engine.monokernel import Monokernel
-from kog.fsutil import atomic_write_table
-from kog.engine.reference import Reference
-from kog.engine.weights import random_weights
-from kog.provenance import git_commit, package_versions, source_digest
-from kog.tune.bench import first_divergence, max_rel_err as rel_err, reference_fp32_logits
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="no tiling sweep")
+    ap.add_argument("--model", default="llama-3.2-1b", help="the preset the perf runs and the sweep use")
+    ap.add_argument("--tag", default="engine_check", help="the output file: $OUT/TAG.json")
+    ap.add_argument("--sweep-only", action="store_true", help="the sweep alone (no small configs, no defaults)")
+    ap.add_argument("--no-small", action="store_true", help="skip the small configs of every architecture")
+    ap.add_argument("--no-perf", action="store_true", help="skip the default's timing in both modes")
+    ap.add_argument("--short-sweep", action="store_true", help="the sweep without the default configs")
+    ap.add_argument("--grid-json", default=None, help="the configs to sweep: a JSON list of EngineConfig fields")
+    ap.add_argument("--repeats", type=int, default=2, help="timed launches per swept config")
+    ap.add_argument("--check", action="store_true", help="teacher-forced error and greedy agreement per config")
+    ap.add_argument("--ref-fp32", action="store_true", help="the error against the float32 reference too")
+    ap.add_argument("--save-timeline", action="store_true", help="each swept config's traced timeline")
+    ap.add_argument("--attn-stamps", action="store_true", help="traced runs stamp attention's sub-steps")
+    ap.add_argument("--no-best", action="store_true", help="no re-run of the sweep's best per mode")
+    ap.add_argument("--store-best", metavar="DIR", default=None,
+                    help="store the sweep's best targeted config in a tuned-config store at DIR")
+    a = ap.parse_args(argv)
+    grid = None
+    if a.grid_json is not None:
+        try:
+            grid = json.loads(a.grid_json)
+        except ValueError as e:
+            ap.error(f"--grid-json: not JSON ({e})")
+        if not isinstance(grid, list) or not all(isinstance(g, dict) for g in grid):
+            ap.error("--grid-json: want a JSON list of objects (EngineConfig fields)")
+    a.grid = grid
+    return a
+
+
+A = parse_args()
+
+import torch  # noqa: E402 - after the arguments, so --help and bad arguments need no GPU stack
+
+from kog.engine.config import PRESETS  # noqa: E402
+from kog.engine.engine_config import EngineConfig  # noqa: E402
+from kog.engine.monokernel import Monokernel  # noqa: E402
+from kog.fsutil import atomic_write_table  # noqa: E402
+from kog.engine.reference import Reference  # noqa: E402
+from kog.engine.weights import random_weights  # noqa: E402
+from kog.provenance import git_commit, package_versions, source_digest  # noqa: E402
+from kog.tune.bench import first_divergence, max_rel_err as rel_err, reference_fp32_logits  # noqa: E402
+
+if A.model not in PRESETS:
+    sys.exit(f"engine_check: unknown preset {A.model!r} (one of {', '.join(PRESETS)})")
 
 OUT = os.environ.get("OUT", "/tmp")
-TAG = sys.argv[sys.argv.index("--tag") + 1] if "--tag" in sys.argv else "engine_check"
+TAG = A.tag
 
 # provenance of every file this writes: the date, the device, the commit (KOG_GIT_COMMIT on a device copy),
 # the versions
@@ -71,7 +111,7 @@ def check(cfg, ecfg, n=8, prompt=None):
 
 @section("small")
 def _():
-    if "--sweep-only" in sys.argv or "--no-small" in sys.argv:
+    if A.sweep_only or A.no_small:
         return {}
     out = {}
     base = PRESETS["tiny"]
@@ -96,7 +136,7 @@ W1B = {}
 def llama_1b():
     """The sweep's model and random weights: llama-3.2-1b, or the preset after --model."""
     if not W1B:
-        cfg = PRESETS[sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "llama-3.2-1b"]
+        cfg = PRESETS[A.model]
         W1B["cfg"], W1B["w"] = cfg, random_weights(cfg, "cuda", seed=0)
     return W1B["cfg"], W1B["w"]
 
@@ -122,7 +162,7 @@ def perf(ecfg, n=512, repeats=3, trace=True, timeline=None):
     prompt = list(range(100, 164))
     # --attn-stamps: traced runs also stamp each attention split's sub-steps (kog.engine.trace.attn_stamps_table)
     mk = Monokernel(cfg, w, ecfg, max_seq=640, trace_tokens=8 if trace else 0,
-                    attn_stamps="--attn-stamps" in sys.argv)
+                    attn_stamps=A.attn_stamps)
     mk.n_eos = 0
     mk.generate(prompt, n)            # warm-up: compile (n's integer specialization too), module load, first touch
     rates = []
@@ -153,7 +193,7 @@ def teacher_check(ecfg, n=32):
     if not REF32:
         REF32["tokens"] = Reference(cfg, w, 640).greedy(prompt, n)
         REF32["logits"] = Reference(cfg, w, 640).teacher_forced_logits(prompt, REF32["tokens"])
-    if "--ref-fp32" in sys.argv and "fp32_logits" not in REF32:
+    if A.ref_fp32 and "fp32_logits" not in REF32:
         # the same bf16 weights, upcast: the reference's math without its per-op bf16 rounding
         REF32["fp32_logits"] = reference_fp32_logits(cfg, w, prompt, REF32["tokens"])
         REF32["ref_bf16_vs_fp32"] = rel_err(REF32["logits"], REF32["fp32_logits"])
@@ -170,7 +210,7 @@ def teacher_check(ecfg, n=32):
 
 @section("llama1b_correct")
 def _():
-    if "--sweep-only" in sys.argv:
+    if A.sweep_only:
         return {}
     out = {}
     for mode in ("targeted", "grid"):
@@ -180,38 +220,38 @@ def _():
 
 @section("llama1b_perf")
 def _():
-    if "--sweep-only" in sys.argv or "--no-perf" in sys.argv:
+    if A.sweep_only or A.no_perf:
         return {}
     return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
 
 
-REPEATS = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 2
+REPEATS = A.repeats
 
 
 @section("sweep")
 def _():
-    if "--quick" in sys.argv:
+    if A.quick:
         return {}
     out = {}
     B4 = dict(bn_qkv=4, bn_o=4, bn_gate_up=4, bn_down=4, bn_lm=4)
     B16 = dict(bn_qkv=16, bn_o=16, bn_gate_up=16, bn_down=16, bn_lm=16)
     grid = [dict(), dict(mode="grid"), dict(block_k=1024), dict(B4), dict(B4, ctas_per_sm=3), dict(B4, mode="grid")]
-    if "--short-sweep" in sys.argv:
+    if A.short_sweep:
         grid = grid[2:]                 # the defaults were measured by llama1b_perf
-    if "--grid-json" in sys.argv:       # the configs to sweep, as a JSON list of EngineConfig overrides
-        grid = json.loads(sys.argv[sys.argv.index("--grid-json") + 1])
+    if A.grid is not None:             # the configs to sweep, as a JSON list of EngineConfig overrides
+        grid = A.grid
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
-        tl_name = ("t%d" % len(out)) if "--save-timeline" in sys.argv else None
+        tl_name = ("t%d" % len(out)) if A.save_timeline else None
         try:
             out[key] = perf(EngineConfig(**g), n=256, repeats=REPEATS, trace=tl_name is not None, timeline=tl_name)
-            if "--check" in sys.argv:  # teacher-forced error and greedy agreement over 32 tokens, per config
+            if A.check:  # teacher-forced error and greedy agreement over 32 tokens, per config
                 out[key].update(teacher_check(EngineConfig(**g)))
         except Exception as e:
             out[key] = {"error": repr(e)[:500]}
         print(key, out[key], flush=True)
         save()
-    ok = {k: v for k, v in out.items() if "tok_s" in v and "--no-best" not in sys.argv}
+    ok = {k: v for k, v in out.items() if "tok_s" in v and not A.no_best}
     for mode in ("targeted", "grid"):
         cand = {k: v for k, v in ok.items() if ("mode=grid" in k) == (mode == "grid")}
         if cand:
@@ -225,10 +265,10 @@ def _():
             save()
     # --store-best DIR: the best targeted config goes to a tuned-config store there (when it beats the
     # default measured in this sweep), so a `kogtune bench` run with KOG_TUNED_DIR=DIR uses it
-    if "--store-best" in sys.argv and "best-targeted" in out and "config" in out["best-targeted"]:
+    if A.store_best and "best-targeted" in out and "config" in out["best-targeted"]:
         import torch as _t
         from kog.tune.store import save_best
-        os.environ["KOG_TUNED_DIR"] = sys.argv[sys.argv.index("--store-best") + 1]
+        os.environ["KOG_TUNED_DIR"] = A.store_best
         g = out["best-targeted"]["config"]
         cfg, _ = llama_1b()
         save_best(_t.cuda.get_device_name(0), cfg, EngineConfig(**g), out["best-targeted"]["tok_s"],

@@ -485,3 +485,19 @@ def test_ab_trees_overrides_name_a_tree_and_hold_a_json_object():
         with pytest.raises(SystemExit) as e:
             ab._parse_overrides([bad], trees, ap)
         assert e.value.code == 2
+
+
+def test_engine_check_reads_its_arguments_before_it_runs_anything():
+    """bench/engine_check.py runs on the GPU at import; --help, an unknown option or preset and a --grid-json that
+    is not a list of objects end in a usage line and a non-zero exit (0 for --help) before any GPU work starts."""
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parents[1] / "bench" / "engine_check.py"
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert run("--help").returncode == 0 and "--grid-json" in run("--help").stdout
+    for args, what in [(("--bogus",), "unrecognized"), (("--grid-json", "{"), "not JSON"),
+                       (("--grid-json", "[1]"), "list of objects"), (("--model", "nope"), "unknown preset")]:
+        p = run(*args)
+        assert p.returncode != 0 and what in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
