@@ -1,4 +1,5 @@
 """Search space constraints and the tuned-config store."""
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -279,6 +280,9 @@ def test_balance_moves_reach_the_tile_that_evens_a_phase_out():
     # 12 in 4- or 2-row ones (1-row tiles are not offered): the largest of the closest
     on_192 = balance_moves(sp, base, m, sms=96)
     assert [{k: v for k, v in q.items() if base.get(k) != v} for q in on_192] == [{"bn_qkv": 4}]
+    tp = dataclasses.replace(sp, tp_degrees=(1, 2))
+    assert balance_moves(tp, {**base, "tp_degree": 2}, m, sms=132) == []     # a rank's phases have other rows
+    assert len(balance_moves(tp, {**base, "tp_degree": 1}, m, sms=132)) == 2
     q3 = preset("qwen3-1.7b")
     sq = build_space(q3, has_scan=False, ring=True)
     assert balance_moves(sq, sq.replay(sm90_default(q3, 321).to_dict())[1], q3, sms=132) == []

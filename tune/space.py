@@ -155,8 +155,10 @@ def balance_moves(space: Space, params: dict[str, Any], model: ModelConfig, sms:
     largest smaller choice (of at least MIN_BALANCE_ROWS) that brings it within, else to the one that comes
     closest. Halving alone keeps the imbalance while the tiles fill under two rounds (192 tiles of 8 rows
     over 264 CTAs and 384 of 4 both leave some CTA 8 rows), so a climb that only halves never reaches the
-    tile that evens the phase out."""
+    tile that evens the phase out. Single-GPU trials only: a tensor-parallel rank's phases have other rows."""
     cfg, base, choices = space.replay(params)
+    if base.get("tp_degree", 1) > 1:
+        return []
     grid = sms * cfg.ctas_per_sm
     out: list[dict[str, Any]] = []
     for ph, rows in layer_rows(model).items():
