@@ -14,22 +14,43 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
+
+from kog.engine.config import PRESETS      # no torch: --model is checked before the GPU stack loads
+
+
+def preset_name(name: str) -> str:
+    """--model: a preset's name, or a usage error."""
+    if name not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown preset {name!r} (one of {', '.join(PRESETS)})")
+    return name
+
+
+def sweep_grid(text: str) -> list[dict]:
+    """--grid-json: a JSON list of objects (EngineConfig fields), or a usage error."""
+    try:
+        grid = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(grid, list) or not all(isinstance(g, dict) for g in grid):
+        raise argparse.ArgumentTypeError("want a JSON list of objects (EngineConfig fields)")
+    return grid
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="no tiling sweep")
-    ap.add_argument("--model", default="llama-3.2-1b", help="the preset the perf runs and the sweep use")
+    ap.add_argument("--model", type=preset_name, default="llama-3.2-1b",
+                    help="the preset the perf runs and the sweep use")
     ap.add_argument("--tag", default="engine_check", help="the output file: $OUT/TAG.json")
     ap.add_argument("--sweep-only", action="store_true", help="the sweep alone (no small configs, no defaults)")
     ap.add_argument("--no-small", action="store_true", help="skip the small configs of every architecture")
     ap.add_argument("--no-perf", action="store_true", help="skip the default's timing in both modes")
     ap.add_argument("--short-sweep", action="store_true", help="the sweep without the default configs")
-    ap.add_argument("--grid-json", default=None, help="the configs to sweep: a JSON list of EngineConfig fields")
+    ap.add_argument("--grid-json", type=sweep_grid, default=None,
+                    help="the configs to sweep: a JSON list of EngineConfig fields")
     ap.add_argument("--repeats", type=int, default=2, help="timed launches per swept config")
     ap.add_argument("--check", action="store_true", help="teacher-forced error and greedy agreement per config")
     ap.add_argument("--ref-fp32", action="store_true", help="the error against the float32 reference too")
@@ -38,24 +59,13 @@ def parse_args(argv=None):
     ap.add_argument("--no-best", action="store_true", help="no re-run of the sweep's best per mode")
     ap.add_argument("--store-best", metavar="DIR", default=None,
                     help="store the sweep's best targeted config in a tuned-config store at DIR")
-    a = ap.parse_args(argv)
-    grid = None
-    if a.grid_json is not None:
-        try:
-            grid = json.loads(a.grid_json)
-        except ValueError as e:
-            ap.error(f"--grid-json: not JSON ({e})")
-        if not isinstance(grid, list) or not all(isinstance(g, dict) for g in grid):
-            ap.error("--grid-json: want a JSON list of objects (EngineConfig fields)")
-    a.grid = grid
-    return a
+    return ap.parse_args(argv)
 
 
 A = parse_args()
 
 import torch  # noqa: E402 - after the arguments, so --help and bad arguments need no GPU stack
 
-from kog.engine.config import PRESETS  # noqa: E402
 from kog.engine.engine_config import EngineConfig  # noqa: E402
 from kog.engine.monokernel import Monokernel  # noqa: E402
 from kog.fsutil import atomic_write_table  # noqa: E402
@@ -64,11 +74,7 @@ from kog.engine.weights import random_weights  # noqa: E402
 from kog.provenance import git_commit, package_versions, source_digest  # noqa: E402
 from kog.tune.bench import first_divergence, max_rel_err as rel_err, reference_fp32_logits  # noqa: E402
 
-if A.model not in PRESETS:
-    sys.exit(f"engine_check: unknown preset {A.model!r} (one of {', '.join(PRESETS)})")
-
 OUT = os.environ.get("OUT", "/tmp")
-TAG = A.tag
 
 # provenance of every file this writes: the date, the device, the commit (KOG_GIT_COMMIT on a device copy),
 # the versions
@@ -79,7 +85,7 @@ R: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version_
 
 def save():
     from kog.fsutil import atomic_write_text
-    atomic_write_text(f"{OUT}/{TAG}.json", json.dumps(R, indent=1, default=str))
+    atomic_write_text(f"{OUT}/{A.tag}.json", json.dumps(R, indent=1, default=str))
 
 
 def section(name):
@@ -225,9 +231,6 @@ def _():
     return {mode: perf(EngineConfig(mode=mode)) for mode in ("targeted", "grid")}
 
 
-REPEATS = A.repeats
-
-
 @section("sweep")
 def _():
     if A.quick:
@@ -238,13 +241,13 @@ def _():
     grid = [dict(), dict(mode="grid"), dict(block_k=1024), dict(B4), dict(B4, ctas_per_sm=3), dict(B4, mode="grid")]
     if A.short_sweep:
         grid = grid[2:]                 # the defaults were measured by llama1b_perf
-    if A.grid is not None:             # the configs to sweep, as a JSON list of EngineConfig overrides
-        grid = A.grid
+    if A.grid_json is not None:        # the configs to sweep, as a JSON list of EngineConfig overrides
+        grid = A.grid_json
     for g in grid:
         key = ",".join(f"{k}={v}" for k, v in g.items())
         tl_name = ("t%d" % len(out)) if A.save_timeline else None
         try:
-            out[key] = perf(EngineConfig(**g), n=256, repeats=REPEATS, trace=tl_name is not None, timeline=tl_name)
+            out[key] = perf(EngineConfig(**g), n=256, repeats=A.repeats, trace=tl_name is not None, timeline=tl_name)
             if A.check:  # teacher-forced error and greedy agreement over 32 tokens, per config
                 out[key].update(teacher_check(EngineConfig(**g)))
         except Exception as e:

@@ -198,8 +198,7 @@ def build_space(model: ModelConfig, has_scan: bool = True, ring: bool = False) -
     """The space for `model`: bn choices that divide each phase's rows; topology only with a scan; the
     weight ring's slot counts only when the device runs it (ring_capable), else weight_ring stays 0 and
     is no parameter (studies made before it existed keep their parameters)."""
-    rows = {"qkv": model.qkv_size, "o": model.hidden_size, "gate_up": model.intermediate_size,
-            "down": model.hidden_size, "lm": model.vocab_size}
+    rows = {**layer_rows(model), "lm": model.vocab_size}
     # the LM head's last tile may be ragged (EngineConfig.validate): every bn_lm choice
     bn = {ph: tuple(b for b in BN_CHOICES if rows[ph] % b == 0 or ph == "lm") or (1,) for ph in PHASES}
     maps = MAPPINGS if has_scan else tuple(m for m in MAPPINGS if m != "topology")
