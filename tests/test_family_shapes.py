@@ -2,8 +2,14 @@
 
 Published shapes (vocabulary, hidden, intermediate, layers, heads, KV heads, head_dim) of models kog was never
 tuned on: the sm_90 rule must give each a config that validates and whose plan passes the schedule checker on
-an H200's and an H100's SM counts; a head_dim the kernel cannot take is refused with one clear error."""
+an H200's and an H100's SM counts and compile for sm_90 (no GPU: Triton's ptxas) to a kernel whose grid fits
+on the GPU's SMs at once; a head_dim the kernel cannot take is refused with one clear error."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -38,6 +44,35 @@ def test_the_rule_plans_every_family_shape(name):
     for sms in (132, 114):
         e.validate(m, sms=sms)
         check_plan(make_plan(m, e, sms), m, e)
+
+
+def _ptxas_runs() -> bool:
+    from kog.engine import regreport
+    try:
+        return subprocess.run([str(regreport.ptxas_path()), "--version"], capture_output=True,
+                              timeout=30).returncode == 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _ptxas_runs(), reason="the ptxas of the triton wheel cannot run here")
+@pytest.mark.parametrize("name", sorted(FAMILY))
+def test_the_rule_compiles_every_family_shape_for_sm90_and_fits(name, tmp_path):
+    """The checkpoint path (config.json only) through the sm_90 build at the bench's 321 positions: the rule's
+    config compiles, and the registers and shared memory it takes leave room for its CTAs per SM (a grid past
+    the co-resident CTAs would wait forever on a CTA that never starts)."""
+    from kog.engine.weights import hf_config_dict
+    m = _model(name)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(m)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "kog.engine.regreport", "--model", str(tmp_path), "--max-seq", "321",
+                        "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert rep["engine_config"] == sm90_default(m, 321).to_dict()
+    assert 0 < rep["registers"] <= 255
+    assert rep["ctas_per_sm_fit"] >= rep["engine_config"]["ctas_per_sm"]
+    assert rep["grid"] == 132 * rep["engine_config"]["ctas_per_sm"]
 
 
 def test_a_head_dim_the_kernel_cannot_take_is_refused_by_name():
