@@ -16,6 +16,7 @@ import pytest
 from kog.engine.config import ConfigError, ModelConfig
 from kog.engine.engine_config import sm90_default
 from kog.engine.plan import check_plan, make_plan
+from test_regreport import _ptxas_runs
 
 FAMILY = {  # arch, V, H, I, layers, heads, KV heads, head_dim
     "SmolLM2-135M": ("llama", 49152, 576, 1536, 30, 9, 3, 64),
@@ -44,15 +45,6 @@ def test_the_rule_plans_every_family_shape(name):
     for sms in (132, 114):
         e.validate(m, sms=sms)
         check_plan(make_plan(m, e, sms), m, e)
-
-
-def _ptxas_runs() -> bool:
-    from kog.engine import regreport
-    try:
-        return subprocess.run([str(regreport.ptxas_path()), "--version"], capture_output=True,
-                              timeout=30).returncode == 0
-    except Exception:
-        return False
 
 
 @pytest.mark.skipif(not _ptxas_runs(), reason="the ptxas of the triton wheel cannot run here")
