@@ -1,5 +1,4 @@
 """Search space constraints and the tuned-config store."""
-import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -236,73 +235,23 @@ def test_neighbors_move_one_knob_of_the_default(name):
     assert "sync_rows" not in grid
 
 
-def _sim_setup(tmp_path, monkeypatch, model: str):
-    """A simulator search's Setup for `model` (kog.tune.search.prepare) with its runs under tmp_path."""
-    import argparse
-    from kog.tune.search import prepare
-    monkeypatch.setenv("KOG_RUNS_DIR", str(tmp_path / "runs"))
-    a = argparse.Namespace(model=model, trials=8, study=None, storage=None, sampler="tpe", backend="sim",
-                           workers=1, timeout=30.0, runs_dir=str(tmp_path / "runs"), json=False, seed=0, tp=None,
-                           exchange_rows=None, gpus=None)
-    return prepare(a)
-
-
 def test_initial_design_is_the_default_then_its_valid_neighbors(tmp_path, monkeypatch):
     """The search's queued trials: the engine default, every neighbor the constraints accept, then random
     configs only to reach n."""
-    from kog.tune.search import _feasible, _is_default, initial_design
+    import argparse
+    from kog.tune.search import _feasible, _is_default, initial_design, prepare
     from kog.tune.space import residency_fn
-    s = _sim_setup(tmp_path, monkeypatch, "qwen3-1.7b")
+    monkeypatch.setenv("KOG_RUNS_DIR", str(tmp_path / "runs"))
+    a = argparse.Namespace(model="qwen3-1.7b", trials=8, study=None, storage=None, sampler="tpe", backend="sim",
+                           workers=1, timeout=30.0, runs_dir=str(tmp_path / "runs"), json=False, seed=0, tp=None,
+                           exchange_rows=None, gpus=None)
+    s = prepare(a)
     sp = s.space()
     design = initial_design(s, 8)
     assert _is_default(s, design[0])
     base = sp.replay(design[0])[1]
     near = [p for p in sp.neighbors(base) if _feasible(sp.replay(p)[0], p, s, residency_fn(s.backend))]
     assert len(near) >= 10 and design[1:1 + len(near)] == near and len(design) == max(8, 1 + len(near))
-
-
-def test_balance_moves_reach_the_tile_that_evens_a_phase_out():
-    """A phase of 192 8-row tiles over 264 CTAs leaves 72 CTAs idle and its busiest CTA 1.38x the mean; 4-row
-    tiles (the halving neighbour) keep 1.38, 2-row tiles give 1.03: balance_moves offers bn 2 for exactly those
-    phases, one knob at a time, and nothing where the tiles already divide evenly or on a grid they fill."""
-    from kog.engine.engine_config import sm90_default
-    from kog.tune.space import BALANCE_SLACK, balance_moves, busiest_over_mean
-    assert busiest_over_mean(1536, 8, 264) == pytest.approx(1.375) == busiest_over_mean(1536, 4, 264)
-    assert busiest_over_mean(1536, 2, 264) < BALANCE_SLACK and busiest_over_mean(2048, 8, 264) < BALANCE_SLACK
-    m = preset("qwen2.5-1.5b")                        # hidden 1,536: o and down have 192 tiles of 8 rows
-    sp = build_space(m, has_scan=False, ring=True)
-    _, base, _ = sp.replay(sm90_default(m, 321).to_dict())
-    assert (base["bn_o"], base["bn_down"]) == (8, 8)
-    moves = balance_moves(sp, base, m, sms=132)
-    assert [{k: v for k, v in q.items() if base.get(k) != v} for q in moves] == [{"bn_o": 2}, {"bn_down": 2}]
-    assert all(sp.replay(q)[1] == q for q in moves)
-    # 192 CTAs: o's and down's 192 tiles fill them; qkv's 2,048 rows leave 16 on some CTA in 8-row tiles and
-    # 12 in 4- or 2-row ones (1-row tiles are not offered): the largest of the closest
-    on_192 = balance_moves(sp, base, m, sms=96)
-    assert [{k: v for k, v in q.items() if base.get(k) != v} for q in on_192] == [{"bn_qkv": 4}]
-    tp = dataclasses.replace(sp, tp_degrees=(1, 2))
-    assert balance_moves(tp, {**base, "tp_degree": 2}, m, sms=132) == []     # a rank's phases have other rows
-    assert len(balance_moves(tp, {**base, "tp_degree": 1}, m, sms=132)) == 2
-    q3 = preset("qwen3-1.7b")
-    sq = build_space(q3, has_scan=False, ring=True)
-    assert balance_moves(sq, sq.replay(sm90_default(q3, 321).to_dict())[1], q3, sms=132) == []
-
-
-def test_the_search_tries_the_balanced_tiles_after_the_neighbors(tmp_path, monkeypatch):
-    """initial_design: the default, its neighbours, then the balance moves the neighbours lack (qwen2.5-1.5b on the
-    simulator's GPU: 2-row o and down tiles), each once."""
-    from kog.tune.search import _feasible, initial_design, local_moves
-    from kog.tune.space import balance_moves, residency_fn
-    s = _sim_setup(tmp_path, monkeypatch, "qwen2.5-1.5b")
-    sp = s.space()
-    design = initial_design(s, 8)
-    base = sp.replay(design[0])[1]
-    extra = balance_moves(sp, base, s.model, s.sms)
-    assert extra and all(q not in sp.neighbors(base) for q in extra)
-    moves = local_moves(s, sp, base)
-    assert moves == sp.neighbors(base) + extra
-    near = [p for p in moves if _feasible(sp.replay(p)[0], p, s, residency_fn(s.backend))]
-    assert design[1:1 + len(near)] == near and all(q in design for q in extra)
 
 
 def _stated_gain(src, best, dflt):

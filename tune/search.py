@@ -10,9 +10,8 @@ Every trial runs isolated from the study (kog.tune.isolation), in one warm worke
 replaced after any failure that may have poisoned it. On the GPU the trials are asked a few at a time and
 their kernels compile in parallel processes while the previous few are measured (optimize_ahead).
 
-Order of trials in a new study: the engine default, its valid one-knob neighbors (and the tile sizes that even
-out an unbalanced phase: local_moves) and random configs up to 8 (initial_design), then a local search from each
-new best (climb), then the sampler.
+Order of trials in a new study: the engine default, its valid one-knob neighbors and random configs up to 8
+(initial_design), then a local search from each new best (climb), then the sampler.
 
 Tensor parallelism (--tp 1,2,4, --exchange-rows, --gpus; kog.tune.space's docstring): the degrees must be
 powers of two <= 8 and, on the GPU, at most torch.cuda.device_count() (UsageError before the study starts);
@@ -500,7 +499,7 @@ CLIMB_STEP = 8                        # trials one climb queues at most (AHEAD's
 def climb(study, s: Setup, total: int) -> int:
     """The local search between the initial design and the sampler. Once nothing is queued, from the best
     completed trial: first the moves that improved before (a knob that beat its parent, one more choice the
-    same way), then, if the best is still the best after those, its untried valid neighbors (local_moves),
+    same way), then, if the best is still the best after those, its untried valid neighbors (Space.neighbors),
     CLIMB_STEP at a time so that a new best found among them is climbed from next; at most what --trials
     leaves. The search so walks from the engine default while a step improves, and the sampler takes over
     when the best's neighbors are all tried. Returns how many trials were queued (each with user attr
@@ -533,7 +532,7 @@ def climb(study, s: Setup, total: int) -> int:
     picked = list(untried(_improving_moves(space, done, best))) if how is None else []
     how = "dir" if picked else "scan"
     if not picked:
-        picked = [p for _, p in zip(range(min(CLIMB_STEP, room)), untried(local_moves(s, space, best.params)))]
+        picked = [p for _, p in zip(range(min(CLIMB_STEP, room)), untried(space.neighbors(best.params)))]
         if not picked:
             how = "done"
     state[str(best.number)] = how
@@ -955,7 +954,7 @@ def _is_default(s: Setup, params: dict[str, Any]) -> bool:
 
 def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
     """Distinct valid configs queued before the sampler takes over, and compiled ahead in parallel: the engine
-    default first, then every valid config one knob away from it (local_moves), then random ones up to
+    default first, then every valid config one knob away from it (Space.neighbors), then random ones up to
     `n` in all."""
     import optuna
     from kog.tune.space import Infeasible, check, residency_fn
@@ -973,8 +972,8 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
             p.pop("sync_rows")
         if len(space.tp_degrees) > 1:
             p["tp_degree"] = 1            # the engine default runs on one GPU
-        # local_moves gives each one-knob move once, none of them the default itself
-        out += [p] + [q for q in local_moves(s, space, p) if _feasible(space.replay(q)[0], q, s, maxc)]
+        # Space.neighbors gives each one-knob move once, none of them the default itself
+        out += [p] + [q for q in space.neighbors(p) if _feasible(space.replay(q)[0], q, s, maxc)]
         seen.update(json.dumps(q, sort_keys=True) for q in out)
     except Infeasible:
         pass
@@ -989,19 +988,6 @@ def initial_design(s: Setup, n: int, seed: int = 0) -> list[dict[str, Any]]:
         if key not in seen:
             seen.add(key)
             out.append(dict(t.params))
-    return out
-
-
-def local_moves(s: Setup, space, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The configs one knob away from `params` that a local search tries: Space.neighbors, then the tile sizes
-    that even out an unbalanced phase over this GPU's CTAs (kog.tune.space.balance_moves); each once."""
-    from kog.tune.space import balance_moves
-    out, seen = [], {json.dumps(space.replay(params)[1], sort_keys=True)}
-    for q in space.neighbors(params) + balance_moves(space, params, s.model, s.sms):
-        key = json.dumps(q, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(q)
     return out
 
 

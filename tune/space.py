@@ -130,51 +130,10 @@ class Space:
         return out
 
 
-# a layer phase whose busiest CTA streams more than this times the mean rows gets a move to smaller tiles
-BALANCE_SLACK = 1.10
-# ... but to no fewer rows a tile: 1-row tiles pay a task's fixed cost for each row (and a 1-row chunk as wide as
-# a slot spilled registers on the H200, kog.engine.engine_config.MIN_SPAN_ROWS)
-MIN_BALANCE_ROWS = 2
-
-
 def layer_rows(model: ModelConfig) -> dict[str, int]:
     """Output rows of each GEMV phase of a layer (gate_up: its gate rows; each tile holds as many up rows)."""
     return {"qkv": model.qkv_size, "o": model.hidden_size, "gate_up": model.intermediate_size,
             "down": model.hidden_size}
-
-
-def busiest_over_mean(rows: int, bn: int, grid: int) -> float:
-    """Rows the busiest CTA of a phase streams over the mean, its rows // bn tiles dealt round-robin over
-    `grid` CTAs (every CTA takes a tile before any takes a second)."""
-    return -(-(rows // bn) // grid) * bn * grid / rows
-
-
-def balance_moves(space: Space, params: dict[str, Any], model: ModelConfig, sms: int) -> list[dict[str, Any]]:
-    """One-knob moves that a step to the neighbouring choice misses: for each layer phase whose tiles leave its
-    busiest CTA more than BALANCE_SLACK over the mean on sms x ctas_per_sm CTAs, that phase's bn set to the
-    largest smaller choice (of at least MIN_BALANCE_ROWS) that brings it within, else to the one that comes
-    closest. Halving alone keeps the imbalance while the tiles fill under two rounds (192 tiles of 8 rows
-    over 264 CTAs and 384 of 4 both leave some CTA 8 rows), so a climb that only halves never reaches the
-    tile that evens the phase out. Single-GPU trials only: a tensor-parallel rank's phases have other rows."""
-    cfg, base, choices = space.replay(params)
-    if base.get("tp_degree", 1) > 1:
-        return []
-    grid = sms * cfg.ctas_per_sm
-    out: list[dict[str, Any]] = []
-    for ph, rows in layer_rows(model).items():
-        name = "bn_" + ph
-        b = base.get(name)
-        if b is None:
-            continue
-        now = busiest_over_mean(rows, b, grid)
-        smaller = sorted((c for c in choices[name] if MIN_BALANCE_ROWS <= c < b and rows % c == 0), reverse=True)
-        if now <= BALANCE_SLACK or not smaller:
-            continue
-        within = [c for c in smaller if busiest_over_mean(rows, c, grid) <= BALANCE_SLACK]
-        pick = within[0] if within else min(smaller, key=lambda c: busiest_over_mean(rows, c, grid))
-        if busiest_over_mean(rows, pick, grid) < now:
-            out.append(space.replay({**base, name: pick})[1])
-    return out
 
 
 def ordered(options) -> bool:
