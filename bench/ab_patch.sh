@@ -5,7 +5,8 @@
 # bench/search_promote_bench.sh). Copies the checkout's kog sources (core probe tune engine reports) to
 # /tmp/ab_patch, applies PATCH's changes to them there (git apply), packs them as a tar and runs
 # bench/ab_trees.py with this checkout as `base` and the patched tree as NAME, the options passed on (e.g.
-# --presets qwen2.5-1.5b llama-3.2-1b --rounds 2 --max-seq 321). Writes $OUT/ab_NAME.json (after every process) and $OUT/ab_NAME.log.
+# --presets qwen2.5-1.5b llama-3.2-1b --rounds 2 --max-seq 321). Writes $OUT/ab_NAME.json (after every
+# process) and $OUT/ab_NAME.log.
 # A patch that does not apply stops the call with one line before anything runs.
 set -u
 PATCH=$(realpath "${1:?usage: bash bench/ab_patch.sh PATCH NAME [ab_trees.py options...]}")
